@@ -1,0 +1,29 @@
+"""The Orchid model code. Its files import each other only relatively, so the folder ships to the Hub as
+remote code; installed, it is ``orchid_hf.modeling``."""
+
+from .configuration_orchid import PRESETS, OrchidConfig
+from .modeling_orchid import (
+    OrchidForImageClassification,
+    OrchidForMaskedLM,
+    OrchidForSequenceClassification,
+    OrchidForTokenClassification,
+    OrchidModel,
+    OrchidPreTrainedModel,
+)
+from .orchid_layers import BlockDiagonalLinear, OrchidOperator, dct, idct, long_convolution
+
+__all__ = [
+    "PRESETS",
+    "BlockDiagonalLinear",
+    "OrchidConfig",
+    "OrchidForImageClassification",
+    "OrchidForMaskedLM",
+    "OrchidForSequenceClassification",
+    "OrchidForTokenClassification",
+    "OrchidModel",
+    "OrchidOperator",
+    "OrchidPreTrainedModel",
+    "dct",
+    "idct",
+    "long_convolution",
+]

@@ -1,0 +1,285 @@
+"""Orchid model configuration."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from transformers.configuration_utils import PreTrainedConfig
+
+from .orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, TRANSFORMS
+
+MLP_TYPES = ("mlp", "glu")
+CLASSIFIER_POOLINGS = ("first", "mean")
+
+# The model sizes of the paper (Sec. 4.2, 4.3; Tables 4.4, 4.5, C.3). Parameter counts in the paper:
+# bert-base 77M, bert-large 254M, vit-cifar-s 735K, vit-cifar-m 2.0M, vit-imagenet 48M.
+PRESETS: dict[str, dict] = {
+    "orchid-bert-base": dict(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        intermediate_size=3072,
+        max_position_embeddings=128,
+        mlp_type="glu",
+        mlp_num_blocks=4,
+        short_conv_size=3,
+        filter_emb_dim=5,
+        residual_long_conv=True,
+    ),
+    "orchid-bert-large": dict(
+        vocab_size=30522,
+        hidden_size=1536,
+        num_hidden_layers=12,
+        intermediate_size=6144,
+        max_position_embeddings=128,
+        mlp_type="glu",
+        mlp_num_blocks=4,
+        short_conv_size=3,
+        filter_emb_dim=5,
+        residual_long_conv=True,
+    ),
+    "orchid-vit-cifar-s": dict(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=128,
+        num_hidden_layers=6,
+        intermediate_size=192,
+        mlp_type="mlp",
+        mlp_num_blocks=1,
+        short_conv_size=3,
+        conditioning_time_kernel_size=3,
+        conditioning_freq_kernel_size=3,
+        filter_emb_dim=5,
+        filter_width=32,
+        residual_long_conv=False,
+        pre_norm=True,
+        hidden_dropout_prob=0.0,
+        layer_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        num_labels=10,
+    ),
+    "orchid-vit-cifar-m": dict(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=220,
+        num_hidden_layers=6,
+        intermediate_size=330,
+        mlp_type="mlp",
+        mlp_num_blocks=1,
+        short_conv_size=3,
+        conditioning_time_kernel_size=3,
+        conditioning_freq_kernel_size=3,
+        filter_emb_dim=5,
+        filter_width=32,
+        residual_long_conv=False,
+        pre_norm=True,
+        hidden_dropout_prob=0.0,
+        layer_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        num_labels=10,
+    ),
+    "orchid-vit-imagenet": dict(
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        hidden_size=768,
+        num_hidden_layers=12,
+        intermediate_size=3072,
+        mlp_type="mlp",
+        mlp_num_blocks=4,
+        short_conv_size=5,
+        conditioning_time_kernel_size=5,
+        conditioning_freq_kernel_size=5,
+        filter_emb_dim=33,
+        residual_long_conv=True,
+        pre_norm=True,
+        hidden_dropout_prob=0.0,
+        layer_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        num_labels=1000,
+    ),
+}
+
+# Every class of modeling_orchid.py, so that a saved folder loads with any Auto class through remote code.
+AUTO_MAP = {
+    "AutoConfig": "configuration_orchid.OrchidConfig",
+    "AutoModel": "modeling_orchid.OrchidModel",
+    "AutoModelForMaskedLM": "modeling_orchid.OrchidForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_orchid.OrchidForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_orchid.OrchidForTokenClassification",
+    "AutoModelForImageClassification": "modeling_orchid.OrchidForImageClassification",
+}
+
+
+class OrchidConfig(PreTrainedConfig):
+    r"""Configuration of an Orchid encoder: BERT-style for text, ViT-style for images.
+
+    A config with ``image_size`` set describes a vision model (patch embeddings, sequence length
+    ``(image_size / patch_size) ** 2``); otherwise a text model (word, position and token-type embeddings,
+    sequence length up to ``max_position_embeddings``). ``OrchidConfig.from_preset(name)`` gives the paper's
+    sizes; the names are in ``OrchidConfig.preset_names()``.
+
+    Sequence mixer (the Orchid operator, Sec. 3):
+        transform: ``"dct"`` (orthonormal DCT-II, the paper's choice) or ``"fft"`` (circular convolution).
+        conditioning: ``"abs"`` (Type I, Eq. 2) or ``"xcorr"`` (Type II, Eq. 3/4).
+        conditioning_activation: sigma of Eq. 4 for ``"xcorr"``: identity, sigmoid, tanh, softsign, softshrink.
+        data_dependent: False keeps only the static kernel h0 (the Hyena / CKConv baseline).
+        short_conv_size: kernel of the depthwise convolution after the input projection (odd).
+        conditioning_time_kernel_size / conditioning_freq_kernel_size: kernels of the conditioning network's
+            convolutions in time and in frequency; conditioning_time_layers / conditioning_freq_layers their depth.
+        filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay: the static implicit
+            filter h0 = FFN(PosEmb(t)) (Remark 3.2).
+        residual_long_conv: add a second static long convolution of the block input (App. C.3).
+
+    Dimension mixer: ``mlp_type`` ``"mlp"`` or ``"glu"``, with ``mlp_num_blocks`` block-diagonal blocks (1 is dense).
+    ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
+    ``classifier_pooling``: ``"first"`` token or ``"mean"`` over real tokens for sequence classification.
+    """
+
+    model_type = "orchid"
+    # save_pretrained copies this file and the modeling files next to the weights (remote code).
+    _auto_class: ClassVar[str | None] = "AutoConfig"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    max_position_embeddings: int = 128
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    tie_word_embeddings: bool = True
+    pre_norm: bool = False
+    mlp_type: str = "glu"
+    mlp_num_blocks: int = 4
+    transform: str = "dct"
+    conditioning: str = "abs"
+    conditioning_activation: str = "identity"
+    data_dependent: bool = True
+    short_conv_size: int = 3
+    conditioning_time_kernel_size: int = 3
+    conditioning_freq_kernel_size: int = 3
+    conditioning_time_layers: int = 1
+    conditioning_freq_layers: int = 1
+    filter_emb_dim: int = 5
+    filter_width: int = 64
+    filter_depth: int = 1
+    filter_sin_frequency: float = 1.0
+    filter_decay: bool = True
+    residual_long_conv: bool = True
+    classifier_pooling: str = "first"
+    classifier_dropout: float | None = None
+    image_size: int | None = None
+    patch_size: int | None = None
+    num_channels: int = 3
+
+    def __post_init__(self, **kwargs):
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        super().__post_init__(**kwargs)
+        self._check_values()
+
+    @classmethod
+    def preset_names(cls) -> list[str]:
+        return list(PRESETS)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> OrchidConfig:
+        """The configuration of a named model of the paper, with any field overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    @property
+    def is_vision(self) -> bool:
+        return self.image_size is not None
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Transform length of every Orchid operator: the number of patches, or max_position_embeddings."""
+        return self.num_patches if self.is_vision else self.max_position_embeddings
+
+    def _check_values(self) -> None:
+        positive = [
+            "hidden_size",
+            "num_hidden_layers",
+            "intermediate_size",
+            "max_position_embeddings",
+            "mlp_num_blocks",
+            "filter_emb_dim",
+            "filter_width",
+            "num_channels",
+        ]
+        if not self.is_vision:
+            positive += ["vocab_size"]
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("type_vocab_size", "filter_depth", "conditioning_time_layers", "conditioning_freq_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"OrchidConfig.{name} must be a non-negative integer, got {value!r}")
+        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value % 2 == 0:
+                raise ValueError(f"OrchidConfig.{name} must be a positive odd integer (centred), got {value!r}")
+        choices = {
+            "transform": TRANSFORMS,
+            "conditioning": CONDITIONINGS,
+            "conditioning_activation": CONDITIONING_ACTIVATIONS,
+            "mlp_type": MLP_TYPES,
+            "classifier_pooling": CLASSIFIER_POOLINGS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"OrchidConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("hidden_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"OrchidConfig.{name} must be in [0, 1), got {value!r}")
+        if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
+            raise ValueError(
+                "OrchidConfig.layer_norm_eps and initializer_range must be > 0, got "
+                f"{self.layer_norm_eps} and {self.initializer_range}"
+            )
+        widths = {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size}
+        for name, width in widths.items():
+            if width % self.mlp_num_blocks:
+                raise ValueError(
+                    f"OrchidConfig.{name}={width} must be divisible by mlp_num_blocks={self.mlp_num_blocks}"
+                )
+        if self.conditioning_time_layers + self.conditioning_freq_layers == 0 and self.data_dependent:
+            raise ValueError(
+                "OrchidConfig.conditioning_time_layers and conditioning_freq_layers are both 0; the conditioning "
+                "network needs at least one convolution (or set data_dependent=False)"
+            )
+        if self.pad_token_id is not None and not self.is_vision and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"OrchidConfig.pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
+        if self.is_vision:
+            if self.patch_size is None or self.patch_size < 1:
+                raise ValueError(f"OrchidConfig.patch_size must be a positive integer for images, got {self.patch_size}")
+            if self.image_size < 1 or self.image_size % self.patch_size:
+                raise ValueError(
+                    f"OrchidConfig.patch_size={self.patch_size} must divide image_size={self.image_size}"
+                )
+            if self.hidden_size % 4:
+                raise ValueError(
+                    f"OrchidConfig.hidden_size={self.hidden_size} must be divisible by 4 for the 2-D sinusoidal "
+                    "position embeddings of image models"
+                )
+        elif self.patch_size is not None:
+            raise ValueError(f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not")
+        if self.num_labels is not None and self.num_labels < 1:
+            raise ValueError(f"OrchidConfig.num_labels must be >= 1, got {self.num_labels}")
+
+
+__all__ = ["OrchidConfig", "PRESETS"]

@@ -1,0 +1,548 @@
+"""Orchid encoders for transformers: BERT-style text models and ViT-style image models whose attention
+is replaced by the Orchid operator (Karami & Ghodsi, NeurIPS 2024, Sec. 4.2 and 4.3).
+
+Layout, as in ``modeling_bert.py``: embeddings -> layers (sequence mixer, MLP) -> encoder -> pretrained base
+class -> base model -> task heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    ImageClassifierOutput,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils.generic import can_return_tuple
+
+from .configuration_orchid import OrchidConfig
+from .orchid_layers import BlockDiagonalLinear, ImplicitLongFilter, OrchidOperator, ShortConv1d, Sin
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+
+
+class OrchidEmbeddings(nn.Module):
+    """Word, learned position and token-type embeddings, then LayerNorm and dropout (as BERT)."""
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
+        )
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        length = inputs_embeds.shape[1]
+        if position_ids is None:
+            position_ids = self.position_ids[:, :length]
+        embeddings = inputs_embeds + self.position_embeddings(position_ids)
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
+            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+def sinusoidal_position_embeddings_2d(grid_size: int, dim: int) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings of a ``grid_size x grid_size`` patch grid, shape (grid**2, dim)."""
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float32, device="cpu") / max(quarter - 1, 1))
+    grid = torch.arange(grid_size, device="cpu")
+    rows, cols = torch.meshgrid(grid, grid, indexing="ij")
+    row_angles = rows.flatten().float()[:, None] * omega[None]
+    col_angles = cols.flatten().float()[:, None] * omega[None]
+    return torch.cat([col_angles.sin(), col_angles.cos(), row_angles.sin(), row_angles.cos()], dim=1)
+
+
+class OrchidPatchEmbeddings(nn.Module):
+    """Non-overlapping patches (a convolution with stride = patch size) plus fixed sinusoidal positions."""
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.image_size = config.image_size
+        self.num_channels = config.num_channels
+        self.grid_size = config.image_size // config.patch_size
+        self.projection = nn.Conv2d(
+            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
+        )
+        self.register_buffer(
+            "position_embeddings",
+            sinusoidal_position_embeddings_2d(self.grid_size, config.hidden_size),
+            persistent=False,
+        )
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        expected = (self.num_channels, self.image_size, self.image_size)
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
+            raise ValueError(
+                f"pixel_values must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
+                f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}"
+            )
+        patches = self.projection(pixel_values.to(self.projection.weight.dtype)).flatten(2).transpose(1, 2)
+        return self.dropout(patches + self.position_embeddings.to(patches.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------
+
+
+def orchid_operator_from_config(config: OrchidConfig) -> OrchidOperator:
+    """The sequence mixer of one layer, from the config's operator fields."""
+    return OrchidOperator(
+        d_model=config.hidden_size,
+        max_len=config.max_sequence_length,
+        transform=config.transform,
+        conditioning=config.conditioning,
+        conditioning_activation=config.conditioning_activation,
+        short_conv_size=config.short_conv_size,
+        conditioning_time_kernel_size=config.conditioning_time_kernel_size,
+        conditioning_freq_kernel_size=config.conditioning_freq_kernel_size,
+        conditioning_time_layers=config.conditioning_time_layers,
+        conditioning_freq_layers=config.conditioning_freq_layers,
+        data_dependent=config.data_dependent,
+        filter_emb_dim=config.filter_emb_dim,
+        filter_width=config.filter_width,
+        filter_depth=config.filter_depth,
+        filter_sin_frequency=config.filter_sin_frequency,
+        filter_decay=config.filter_decay,
+        residual_long_conv=config.residual_long_conv,
+    )
+
+
+def feature_linear(in_features: int, out_features: int, num_blocks: int) -> nn.Module:
+    """A dense layer, or a block-diagonal one with ``num_blocks`` blocks (Monarch of order 1)."""
+    if num_blocks == 1:
+        return nn.Linear(in_features, out_features)
+    return BlockDiagonalLinear(in_features, out_features, num_blocks)
+
+
+class OrchidMLP(nn.Module):
+    """The dimension mixer: ``W2 act(W1 x)``, or the GLU ``W2 (act(W1 x) * W1' x)`` of M2-BERT."""
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.is_glu = config.mlp_type == "glu"
+        up_features = 2 * config.intermediate_size if self.is_glu else config.intermediate_size
+        self.up_proj = feature_linear(config.hidden_size, up_features, config.mlp_num_blocks)
+        self.down_proj = feature_linear(config.intermediate_size, config.hidden_size, config.mlp_num_blocks)
+        self.act = ACT2FN[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.up_proj(hidden_states)
+        if self.is_glu:
+            gate, value = hidden_states.chunk(2, dim=-1)
+            hidden_states = self.act(gate) * value
+        else:
+            hidden_states = self.act(hidden_states)
+        return self.dropout(self.down_proj(hidden_states))
+
+
+class OrchidLayer(GradientCheckpointingLayer):
+    """One block: Orchid sequence mixer and MLP, each with a residual connection and LayerNorm.
+
+    Post-norm (BERT, M2-BERT): ``x = LN(x + mixer(x)); x = LN(x + mlp(x))``.
+    Pre-norm (ViT): ``x = x + mixer(LN(x)); x = x + mlp(LN(x))``.
+    """
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.mixer = orchid_operator_from_config(config)
+        self.mixer_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = OrchidMLP(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            hidden_states = hidden_states + self.mixer_dropout(self.mixer(self.mixer_norm(hidden_states), attention_mask))
+            return hidden_states + self.mlp(self.mlp_norm(hidden_states))
+        hidden_states = self.mixer_norm(hidden_states + self.mixer_dropout(self.mixer(hidden_states, attention_mask)))
+        return self.mlp_norm(hidden_states + self.mlp(hidden_states))
+
+
+class OrchidEncoder(nn.Module):
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(OrchidLayer(config) for _ in range(config.num_hidden_layers))
+        # Pre-norm stacks end with a LayerNorm, as ViT does.
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> BaseModelOutput:
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        for layer in self.layer:
+            hidden_states = layer(hidden_states, attention_mask)
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretrained base
+# ---------------------------------------------------------------------------------------------
+
+
+class OrchidPreTrainedModel(PreTrainedModel):
+    config_class = OrchidConfig
+    config: OrchidConfig
+    base_model_prefix = "orchid"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["OrchidLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        """BERT's initialisation for projections, embeddings and norms; PyTorch's defaults inside the operator's
+        short convolutions and implicit filters, whose scale the sine activations and decay rely on."""
+        super()._init_weights(module)
+        if isinstance(module, BlockDiagonalLinear):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, ShortConv1d):
+            init.kaiming_uniform_(module.conv.weight, a=math.sqrt(5))
+            if module.conv.bias is not None:
+                bound = 1 / math.sqrt(module.kernel_size)
+                init.uniform_(module.conv.bias, -bound, bound)
+        elif isinstance(module, ImplicitLongFilter):
+            for layer in module.ffn:
+                if isinstance(layer, nn.Linear):
+                    init.kaiming_uniform_(layer.weight, a=math.sqrt(5))
+                    if layer.bias is not None:
+                        bound = 1 / math.sqrt(layer.in_features)
+                        init.uniform_(layer.bias, -bound, bound)
+                elif isinstance(layer, Sin):
+                    init.constant_(layer.frequency, module.sin_frequency)
+            init.normal_(module.skip)
+            init.copy_(module.lag_features, module.make_lag_features())
+            init.copy_(module.envelope, module.make_envelope())
+        elif isinstance(module, OrchidEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
+        elif isinstance(module, OrchidPatchEmbeddings):
+            init.copy_(
+                module.position_embeddings,
+                sinusoidal_position_embeddings_2d(module.grid_size, module.position_embeddings.shape[-1]),
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Base model
+# ---------------------------------------------------------------------------------------------
+
+
+class OrchidModel(OrchidPreTrainedModel):
+    """The bare Orchid encoder. Text configs embed ``input_ids`` (or take ``inputs_embeds``); vision configs
+    (``image_size`` set) embed ``pixel_values`` as patches. Returns ``BaseModelOutput``."""
+    _auto_class = "AutoModel"
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        self.embeddings = OrchidPatchEmbeddings(config) if config.is_vision else OrchidEmbeddings(config)
+        self.encoder = OrchidEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.projection if self.config.is_vision else self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        if self.config.is_vision:
+            raise ValueError("an image model has no word embeddings to set")
+        self.embeddings.word_embeddings = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> BaseModelOutput:
+        r"""
+        input_ids (`(batch, length)`), inputs_embeds (`(batch, length, hidden_size)`): text input, one of the two.
+        attention_mask (`(batch, length)`): 1 for real tokens, 0 for padding. Padding never changes the outputs
+            at real positions: every Orchid operator zeroes it before mixing.
+        pixel_values (`(batch, num_channels, image_size, image_size)`): image input, for vision configs.
+        output_hidden_states: also return the input of every layer and the final output.
+        """
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if self.config.is_vision:
+            if pixel_values is None:
+                raise ValueError("this is an image model (config.image_size is set): pass pixel_values")
+            hidden_states = self.embeddings(pixel_values)
+            attention_mask = None
+        else:
+            self._check_text_input(input_ids, inputs_embeds, attention_mask)
+            hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        return self.encoder(hidden_states, attention_mask, output_hidden_states)
+
+    def _check_text_input(self, input_ids, inputs_embeds, attention_mask) -> None:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        shape = tuple(input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1])
+        if len(shape) != 2:
+            raise ValueError(f"input_ids must have shape (batch, length), got {shape}")
+        if shape[1] == 0:
+            raise ValueError("the input is an empty sequence (length 0)")
+        if shape[1] > self.config.max_position_embeddings:
+            raise ValueError(
+                f"the input has length {shape[1]} > max_position_embeddings={self.config.max_position_embeddings}"
+            )
+        if attention_mask is not None and tuple(attention_mask.shape) != shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, the input has shape {shape}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------------
+
+
+def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Regression, single-label or multi-label loss, the problem type inferred as BertForSequenceClassification does."""
+    if config.problem_type is None:
+        if config.num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+    if config.problem_type == "single_label_classification":
+        return CrossEntropyLoss()(logits.view(-1, config.num_labels), labels.view(-1))
+    return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
+
+
+class OrchidLMPredictionHead(nn.Module):
+    """Dense -> activation -> LayerNorm -> decoder; the decoder weight is tied to the word embeddings."""
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
+
+
+class OrchidForMaskedLM(OrchidPreTrainedModel):
+    _auto_class = "AutoModelForMaskedLM"
+    _tied_weights_keys = {"lm_head.decoder.weight": "orchid.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        if config.is_vision:
+            raise ValueError("OrchidForMaskedLM needs a text config (config.image_size must be None)")
+        self.orchid = OrchidModel(config)
+        self.lm_head = OrchidLMPredictionHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> MaskedLMOutput:
+        r"""labels (`(batch, length)`): token ids to predict; -100 marks positions without a loss."""
+        outputs = self.orchid(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1))
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class OrchidSequencePooler(nn.Module):
+    """The first token, or the mean over real tokens (the paper's choice for some GLUE tasks), then dense + tanh."""
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__()
+        self.pooling = config.classifier_pooling
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.pooling == "first":
+            pooled = hidden_states[:, 0]
+        elif attention_mask is None:
+            pooled = hidden_states.mean(dim=1)
+        else:
+            weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
+            pooled = (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        return self.activation(self.dense(pooled))
+
+
+class OrchidForSequenceClassification(OrchidPreTrainedModel):
+    _auto_class = "AutoModelForSequenceClassification"
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        if config.is_vision:
+            raise ValueError("OrchidForSequenceClassification needs a text config (config.image_size must be None)")
+        self.num_labels = config.num_labels
+        self.orchid = OrchidModel(config)
+        self.pooler = OrchidSequencePooler(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> SequenceClassifierOutput:
+        r"""labels (`(batch,)`): class ids, float targets for regression (num_labels = 1), or multi-hot floats."""
+        outputs = self.orchid(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        pooled = self.pooler(outputs.last_hidden_state, attention_mask)
+        logits = self.classifier(self.dropout(pooled))
+        loss = classification_loss(self.config, logits, labels) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class OrchidForTokenClassification(OrchidPreTrainedModel):
+    _auto_class = "AutoModelForTokenClassification"
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        if config.is_vision:
+            raise ValueError("OrchidForTokenClassification needs a text config (config.image_size must be None)")
+        self.num_labels = config.num_labels
+        self.orchid = OrchidModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> TokenClassifierOutput:
+        r"""labels (`(batch, length)`): a class id per token; -100 marks positions without a loss."""
+        outputs = self.orchid(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class OrchidForImageClassification(OrchidPreTrainedModel):
+    """Orchid-ViT: patch embeddings, Orchid blocks, global average pooling over patches, linear classifier."""
+    _auto_class = "AutoModelForImageClassification"
+
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        if not config.is_vision:
+            raise ValueError("OrchidForImageClassification needs an image config (set image_size and patch_size)")
+        self.num_labels = config.num_labels
+        self.orchid = OrchidModel(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> ImageClassifierOutput:
+        r"""labels (`(batch,)`): class ids (or multi-hot floats for multi-label problems)."""
+        outputs = self.orchid(pixel_values=pixel_values, output_hidden_states=output_hidden_states)
+        logits = self.classifier(outputs.last_hidden_state.mean(dim=1))
+        loss = classification_loss(self.config, logits, labels) if labels is not None else None
+        return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+__all__ = [
+    "OrchidPreTrainedModel",
+    "OrchidModel",
+    "OrchidForMaskedLM",
+    "OrchidForSequenceClassification",
+    "OrchidForTokenClassification",
+    "OrchidForImageClassification",
+]
