@@ -1,0 +1,22 @@
+import os
+
+# Set before transformers / huggingface_hub are imported: offline Hub calls fail at once instead of retrying.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session")
+def hf_modules_cache(tmp_path_factory):
+    """A private cache for remote-code modules, so tests never touch the user's ~/.cache."""
+    path = tmp_path_factory.mktemp("hf_modules")
+    os.environ["HF_MODULES_CACHE"] = str(path)
+    return path
