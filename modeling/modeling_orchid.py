@@ -224,6 +224,28 @@ class OrchidPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["OrchidLayer"]
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, refusing checkpoints that lack weights of the encoder itself.
+
+        A new task head may be initialised (an MLM checkpoint loaded into a classifier), but a missing
+        encoder tensor means a corrupt or mismatched checkpoint, and a half-loaded model would be silently wrong.
+        """
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, loading_info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        is_base_model = model.base_model is model
+        missing = sorted(
+            key
+            for key in loading_info["missing_keys"]
+            if is_base_model or key.startswith(f"{cls.base_model_prefix}.")
+        )
+        if missing:
+            raise ValueError(
+                f"the checkpoint lacks {len(missing)} weight(s) of the Orchid encoder, e.g. {missing[:3]}; "
+                "it is truncated, corrupt or of another architecture"
+            )
+        return (model, loading_info) if output_loading_info else model
+
     @torch.no_grad()
     def _init_weights(self, module):
         """BERT's initialisation for projections, embeddings and norms; PyTorch's defaults inside the operator's

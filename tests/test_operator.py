@@ -1,0 +1,371 @@
+"""The Orchid operator against the paper's properties: exact convolution, orthonormal DCT, shift
+equivariance (Sec. 3.2, App. B), padding invariance, gradients, and clear errors."""
+
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+import torch.nn.functional as F
+
+from orchid_hf import BlockDiagonalLinear, OrchidOperator
+from orchid_hf.modeling.orchid_layers import (
+    CONDITIONING_ACTIVATIONS,
+    apply_spectrum,
+    dct,
+    idct,
+    long_convolution,
+)
+
+LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
+
+
+def direct_circular_convolution(x: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """y[t] = sum_s h[(t - s) mod N] x[s], the O(N^2) definition."""
+    n = x.shape[-1]
+    y = np.zeros_like(x)
+    for t in range(n):
+        for s in range(n):
+            y[..., t] += h[..., (t - s) % n] * x[..., s]
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms and the long convolution
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_fft_long_convolution_equals_direct_circular_convolution(n):
+    x = torch.randn(2, 3, n)
+    h = torch.randn(3, n)
+    expected = direct_circular_convolution(x.double().numpy(), h.double().numpy())
+    got = long_convolution(x, h, "fft").double().numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5 * max(1.0, np.abs(expected).max()), rtol=0)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dct_matches_scipy_and_inverse_round_trips(n, dtype):
+    x = torch.randn(4, 3, n, dtype=dtype)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    reference = scipy.fft.dct(x.double().numpy(), norm="ortho", axis=-1)
+    np.testing.assert_allclose(dct(x).double().numpy(), reference, atol=tolerance)
+    np.testing.assert_allclose(
+        idct(x).double().numpy(), scipy.fft.idct(x.double().numpy(), norm="ortho", axis=-1), atol=tolerance
+    )
+    round_trip_tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(idct(dct(x)), x, atol=round_trip_tolerance, rtol=0)
+
+
+def test_dct_is_orthonormal():
+    eye = torch.eye(16, dtype=torch.float64)
+    basis = dct(eye)
+    torch.testing.assert_close(basis @ basis.T, eye, atol=1e-12, rtol=0)
+
+
+def test_constant_spectrum_is_a_scaling_for_both_transforms():
+    # The skip term of the static filter is folded into the spectrum; this is exact for both transforms.
+    x = torch.randn(2, 4, 33, dtype=torch.float64)
+    scale = torch.randn(4, 1, dtype=torch.float64)
+    for transform in ("fft", "dct"):
+        torch.testing.assert_close(apply_spectrum(x, scale, transform, 33), x * scale, atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator against a direct reference (FFT path, Type I and Type II)
+# ---------------------------------------------------------------------------------------------
+
+
+def _circular_depthwise(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Centred depthwise convolution with circular padding; x (C, N), weight (C, k)."""
+    k = weight.shape[-1]
+    # Conv1d is a cross-correlation: out[t] = sum_j w[j] x[t + j - k // 2].
+    out = sum(weight[:, j : j + 1] * np.roll(x, k // 2 - j, axis=-1) for j in range(k))
+    return out + bias[:, None]
+
+
+def _zero_padded_depthwise(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    k = weight.shape[-1]
+    padded = np.pad(x, ((0, 0), (k // 2, k // 2)))
+    out = sum(weight[:, j : j + 1] * padded[:, j : j + x.shape[-1]] for j in range(k))
+    return out + bias[:, None]
+
+
+def _dft_ortho(x: np.ndarray) -> np.ndarray:
+    n = x.shape[-1]
+    t = np.arange(n)
+    basis = np.exp(-2j * np.pi * np.outer(t, t) / n) / np.sqrt(n)
+    return (x @ basis.T)[..., : n // 2 + 1]
+
+
+def _conv_from_half_spectrum(u: np.ndarray, half: np.ndarray) -> np.ndarray:
+    """Apply a (C, N//2+1) multiplier of the unnormalised real FFT as a circular convolution."""
+    n = u.shape[-1]
+    kernel = np.fft.irfft(half, n=n, axis=-1)
+    return direct_circular_convolution(u, kernel)
+
+
+def reference_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
+    """The operator of Sec. 3.3 written out with direct O(N^2) sums, for one sequence of length N = max_len."""
+    d = op.d_model
+    to_np = lambda t: t.detach().double().numpy()  # noqa: E731
+    xs = to_np(x[0]).T  # (d, N)
+    z = to_np(op.in_proj.weight) @ xs + to_np(op.in_proj.bias)[:, None]
+    conv = op.short_conv.conv
+    gated = _circular_depthwise(z, to_np(conv.weight)[:, 0], to_np(conv.bias))
+    s1, s2, v = gated[:d], gated[d : 2 * d], gated[2 * d :]
+
+    def time_stack(stack, u):
+        for layer in stack.layers:
+            u = _circular_depthwise(u, to_np(layer.conv.weight)[:, 0], to_np(layer.conv.bias))
+        return u
+
+    def freq_stack(u):
+        for layer in op.conditioning.freq_conv.layers:
+            u = _zero_padded_depthwise(u, to_np(layer.conv.weight)[:, 0], to_np(layer.conv.bias))
+        return u
+
+    value = z[2 * d :]  # the conditioning network reads v before the short convolution
+    key_spectrum = _dft_ortho(time_stack(op.conditioning.time_conv, value))
+    if op.conditioning.conditioning == "abs":
+        h_theta = freq_stack(np.abs(key_spectrum)).astype(complex)
+    else:
+        query_spectrum = _dft_ortho(time_stack(op.conditioning.query_conv, value))
+        product = np.conj(key_spectrum) * query_spectrum
+        h_theta = freq_stack(product.real) + 1j * freq_stack(product.imag)
+    h0 = to_np(op.static_filter())
+    static_half = np.fft.rfft(h0, axis=-1) + to_np(op.static_filter.skip)[:, None]
+    y = _conv_from_half_spectrum(s1 * v, static_half + h_theta) * s2
+    h_res = to_np(op.residual_filter())
+    y = y + direct_circular_convolution(xs, h_res) + to_np(op.residual_filter.skip)[:, None] * xs
+    return (to_np(op.out_proj.weight) @ y + to_np(op.out_proj.bias)[:, None]).T
+
+
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_fft_operator_matches_direct_reference(conditioning):
+    op = OrchidOperator(4, 12, transform="fft", conditioning=conditioning).double()
+    x = torch.randn(1, 12, 4, dtype=torch.float64)
+    np.testing.assert_allclose(op(x)[0].detach().numpy(), reference_operator(op, x), atol=1e-9, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shift equivariance (Sec. 3.2, App. B)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "conditioning,activation",
+    [("abs", "identity")] + [("xcorr", name) for name in CONDITIONING_ACTIVATIONS],
+)
+@pytest.mark.parametrize("layers", [1, 3])
+def test_fft_operator_is_shift_equivariant(conditioning, activation, layers):
+    op = OrchidOperator(
+        6,
+        24,
+        transform="fft",
+        conditioning=conditioning,
+        conditioning_activation=activation,
+        conditioning_time_layers=layers,
+        conditioning_freq_layers=layers,
+    ).double()
+    x = torch.randn(2, 24, 6, dtype=torch.float64)
+    y = op(x)
+    for shift in (1, 5, 13):
+        torch.testing.assert_close(op(torch.roll(x, shift, dims=1)), torch.roll(y, shift, dims=1), atol=1e-8, rtol=0)
+
+
+def test_data_dependent_kernel_is_shift_invariant_under_cross_conditioning():
+    # Remark 3.3: rolling only the conditioning sequence u leaves the kernel, hence the output, unchanged.
+    op = OrchidOperator(4, 16, transform="fft", conditioning="xcorr").double()
+    x = torch.randn(1, 16, 4, dtype=torch.float64)
+    u = torch.randn(1, 16, 4, dtype=torch.float64)
+    torch.testing.assert_close(
+        op(x, conditioning_input=torch.roll(u, 3, dims=1)), op(x, conditioning_input=u), atol=1e-8, rtol=0
+    )
+
+
+def test_shift_equivariance_test_detects_a_non_equivariant_operator():
+    # The DCT path has an even-symmetric boundary instead of wrap-around: it is not exactly equivariant,
+    # which shows the equivariance check above is able to fail.
+    op = OrchidOperator(6, 24, transform="dct").double()
+    x = torch.randn(1, 24, 6, dtype=torch.float64)
+    error = (op(torch.roll(x, 5, dims=1)) - torch.roll(op(x), 5, dims=1)).abs().max()
+    assert error > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding invariance: the bug that broke M2-BERT's embeddings
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_output_does_not_depend_on_padding_or_batch_mates(transform, conditioning):
+    max_len, d = 32, 8
+    op = OrchidOperator(d, max_len, transform=transform, conditioning=conditioning, conditioning_time_layers=2).eval()
+    sentence = torch.randn(1, 9, d)
+    alone = op(sentence)
+
+    # Padded to max_len with garbage (padding embeddings are never zero in a real model).
+    padded = torch.cat([sentence, 5 * torch.randn(1, max_len - 9, d)], dim=1)
+    mask = torch.zeros(1, max_len, dtype=torch.long)
+    mask[:, :9] = 1
+    torch.testing.assert_close(op(padded, mask)[:, :9], alone, atol=1e-5, rtol=1e-5)
+
+    # Batched with a longer sequence: padded to the batch's longest, 20.
+    batch = torch.cat([padded[:, :20], torch.randn(1, 20, d)], dim=0)
+    batch_mask = torch.ones(2, 20, dtype=torch.long)
+    batch_mask[0, 9:] = 0
+    out = op(batch, batch_mask)
+    torch.testing.assert_close(out[:1, :9], alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1:], op(batch[1:]), atol=1e-5, rtol=1e-5)
+    # Masked positions carry no signal out of the operator's sequence mixing.
+    assert torch.isfinite(out).all()
+
+
+def test_cross_conditioning_sequence_is_zero_padded_to_the_input_length():
+    op = OrchidOperator(4, 16, transform="dct").double()
+    x = torch.randn(2, 12, 4, dtype=torch.float64)
+    u = torch.randn(2, 5, 4, dtype=torch.float64)
+    u_padded = torch.cat([u, torch.randn(2, 7, 4, dtype=torch.float64)], dim=1)
+    u_mask = torch.zeros(2, 12)
+    u_mask[:, :5] = 1
+    expected = op(x, conditioning_input=u)
+    torch.testing.assert_close(op(x, conditioning_input=u_padded, conditioning_mask=u_mask), expected)
+    # The kernel really depends on u.
+    assert (op(x, conditioning_input=torch.randn_like(u)) - expected).abs().max() > 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients, lengths, precision
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("conditioning,activation", [("abs", "identity"), ("xcorr", "identity"), ("xcorr", "tanh")])
+def test_gradcheck(transform, conditioning, activation):
+    op = OrchidOperator(
+        3, 7, transform=transform, conditioning=conditioning, conditioning_activation=activation, filter_width=8
+    ).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert torch.autograd.gradcheck(lambda inp: op(inp, mask), (x,), eps=1e-6, atol=1e-5)
+    # Gradients with respect to the parameters, through the conditioning network and both filters.
+    params = [p for p in op.parameters()]
+    out = op(x, mask).square().sum()
+    grads = torch.autograd.grad(out, params)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert all(g.abs().sum() > 0 for g in grads), "every parameter takes part in the output"
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 31, 48, 63])
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_any_length_up_to_max_len(length, transform):
+    op = OrchidOperator(8, 63, transform=transform)
+    y = op(torch.randn(3, length, 8))
+    assert y.shape == (3, length, 8)
+    assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_bf16_autocast_forward_and_backward_stay_finite(transform, conditioning):
+    op = OrchidOperator(16, 50, transform=transform, conditioning=conditioning)
+    x = torch.randn(2, 37, 16, requires_grad=True)
+    mask = torch.ones(2, 37)
+    mask[1, 20:] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = op(x, mask)
+    assert y.dtype == torch.bfloat16
+    y.float().square().mean().backward()
+    assert torch.isfinite(y).all()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in op.parameters() if p.grad is not None)
+    # bf16 output stays close to the float32 one.
+    torch.testing.assert_close(y.float(), op(x, mask).detach(), atol=0.1, rtol=0.1)
+
+
+def test_bf16_weights_run():
+    op = OrchidOperator(8, 16).to(torch.bfloat16)
+    y = op(torch.randn(2, 16, 8, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+
+
+def test_memory_is_linear_in_length():
+    # An L x L float32 matrix at L = 2^16 would need 16 GiB; the operator needs a few MiB.
+    op = OrchidOperator(2, 2**16, filter_width=4)
+    with torch.no_grad():
+        y = op(torch.randn(1, 2**16, 2))
+    assert y.shape == (1, 2**16, 2)
+
+
+def test_static_spectrum_cache_follows_parameter_updates():
+    op = OrchidOperator(4, 16, transform="fft").eval()
+    x = torch.randn(1, 16, 4)
+    with torch.no_grad():
+        first = op(x)
+        torch.testing.assert_close(op(x), first)
+        op.static_filter.skip.add_(1.0)
+        updated = op(x)
+    assert (updated - first).abs().max() > 1e-4
+    torch.testing.assert_close(updated, op(x).detach())  # grad-enabled path, no cache
+
+
+def test_static_kernel_only_mode_has_no_conditioning_network():
+    op = OrchidOperator(4, 16, data_dependent=False)
+    assert op.conditioning is None
+    assert op(torch.randn(1, 16, 4)).shape == (1, 16, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_clear_errors_for_bad_input():
+    op = OrchidOperator(8, 16)
+    with pytest.raises(ValueError, match=r"length 17 > max_len=16"):
+        op(torch.randn(1, 17, 8))
+    with pytest.raises(ValueError, match=r"has 5 features but the operator has d_model=8"):
+        op(torch.randn(1, 4, 5))
+    with pytest.raises(ValueError, match=r"shape \(1, 3\), expected \(batch, length\) = \(1, 4\)"):
+        op(torch.randn(1, 4, 8), torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"empty sequence"):
+        op(torch.randn(1, 0, 8))
+    with pytest.raises(ValueError, match=r"shape \(batch, length, 8\)"):
+        op(torch.randn(4, 8))
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(transform="wavelet"), r"transform must be one of \('dct', 'fft'\), got 'wavelet'"),
+        (dict(conditioning="attention"), r"conditioning must be one of \('abs', 'xcorr'\), got 'attention'"),
+        (dict(conditioning_activation="relu"), r"conditioning_activation must be one of"),
+        (dict(short_conv_size=4), r"kernel_size must be a positive odd number, got 4"),
+        (dict(conditioning_time_layers=-1), r"must be >= 0, got -1 and 1"),
+        (dict(max_len=0), r"max_len must be >= 1, got 0"),
+    ],
+)
+def test_clear_errors_for_bad_configuration(kwargs, message):
+    arguments = dict(d_model=8, max_len=16) | kwargs
+    with pytest.raises(ValueError, match=message):
+        OrchidOperator(**arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-diagonal linear layer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_block_diagonal_linear_equals_dense_block_diagonal_matrix():
+    layer = BlockDiagonalLinear(12, 8, num_blocks=4)
+    dense = torch.block_diag(*layer.weight)  # (8, 12)
+    x = torch.randn(3, 5, 12)
+    torch.testing.assert_close(layer(x), F.linear(x, dense, layer.bias))
+    assert sum(p.numel() for p in layer.parameters()) == 12 * 8 // 4 + 8
+
+
+def test_block_diagonal_linear_rejects_indivisible_sizes():
+    with pytest.raises(ValueError, match=r"in_features=10 and out_features=8 must both be divisible by num_blocks=4"):
+        BlockDiagonalLinear(10, 8, num_blocks=4)
