@@ -266,7 +266,9 @@ class OrchidConfig(PreTrainedConfig):
             raise ValueError(f"OrchidConfig.pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
         if self.is_vision:
             if self.patch_size is None or self.patch_size < 1:
-                raise ValueError(f"OrchidConfig.patch_size must be a positive integer for images, got {self.patch_size}")
+                raise ValueError(
+                    f"OrchidConfig.patch_size must be a positive integer for images, got {self.patch_size}"
+                )
             if self.image_size < 1 or self.image_size % self.patch_size:
                 raise ValueError(
                     f"OrchidConfig.patch_size={self.patch_size} must divide image_size={self.image_size}"

@@ -28,7 +28,6 @@ from transformers.utils.generic import can_return_tuple
 from .configuration_orchid import OrchidConfig
 from .orchid_layers import BlockDiagonalLinear, ImplicitLongFilter, OrchidOperator, ShortConv1d, Sin
 
-
 # ---------------------------------------------------------------------------------------------
 # Embeddings
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +182,8 @@ class OrchidLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.pre_norm:
-            hidden_states = hidden_states + self.mixer_dropout(self.mixer(self.mixer_norm(hidden_states), attention_mask))
+            mixed = self.mixer(self.mixer_norm(hidden_states), attention_mask)
+            hidden_states = hidden_states + self.mixer_dropout(mixed)
             return hidden_states + self.mlp(self.mlp_norm(hidden_states))
         hidden_states = self.mixer_norm(hidden_states + self.mixer_dropout(self.mixer(hidden_states, attention_mask)))
         return self.mlp_norm(hidden_states + self.mlp(hidden_states))

@@ -276,7 +276,8 @@ def test_gradient_checkpointing_recomputes_and_keeps_gradients_and_names():
 
     def gradients_and_mixer_calls():
         calls = []
-        handles = [layer.mixer.register_forward_hook(lambda *_: calls.append(1)) for layer in model.orchid.encoder.layer]
+        layers = model.orchid.encoder.layer
+        handles = [layer.mixer.register_forward_hook(lambda *_: calls.append(1)) for layer in layers]
         model.zero_grad()
         model(ids, labels=labels).loss.backward()
         for handle in handles:

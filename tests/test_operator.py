@@ -6,8 +6,6 @@ import pytest
 import scipy.fft
 import torch
 import torch.nn.functional as F
-
-from orchid_hf import BlockDiagonalLinear, OrchidOperator
 from orchid_hf.modeling.orchid_layers import (
     CONDITIONING_ACTIVATIONS,
     apply_spectrum,
@@ -15,6 +13,8 @@ from orchid_hf.modeling.orchid_layers import (
     idct,
     long_convolution,
 )
+
+from orchid_hf import BlockDiagonalLinear, OrchidOperator
 
 LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 
