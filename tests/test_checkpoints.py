@@ -1,6 +1,7 @@
 """Checkpoints: safetensors only, remote code without orchid_hf installed, corrupt files, pipelines."""
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -131,21 +132,21 @@ def test_every_head_loads_as_remote_code_without_orchid_hf(saved_heads, tmp_path
     assert result.stdout.count("remote-ok") == len(HEADS), result.stdout
 
 
+def copy_checkpoint(source, destination):
+    shutil.copytree(source, destination)
+    return destination
+
+
 def test_truncated_checkpoint_raises(saved_heads, tmp_path):
-    folder = tmp_path / "truncated"
-    folder.mkdir()
-    for path in (saved_heads / "masked_lm").iterdir():
-        data = path.read_bytes()
-        (folder / path.name).write_bytes(data[: len(data) // 2] if path.name == "model.safetensors" else data)
+    folder = copy_checkpoint(saved_heads / "masked_lm", tmp_path / "truncated")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(Exception, match="(?i)header|metadata|incomplete|deserializ"):
         OrchidForMaskedLM.from_pretrained(folder)
 
 
 def test_checkpoint_missing_an_encoder_weight_raises_instead_of_half_loading(saved_heads, tmp_path):
-    folder = tmp_path / "missing"
-    folder.mkdir()
-    for path in (saved_heads / "sequence").iterdir():
-        (folder / path.name).write_bytes(path.read_bytes())
+    folder = copy_checkpoint(saved_heads / "sequence", tmp_path / "missing")
     weights = load_file(str(folder / "model.safetensors"))
     del weights["orchid.encoder.layer.1.mixer.out_proj.weight"]
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -154,10 +155,7 @@ def test_checkpoint_missing_an_encoder_weight_raises_instead_of_half_loading(sav
 
 
 def test_checkpoint_with_a_wrong_shape_raises(saved_heads, tmp_path):
-    folder = tmp_path / "reshaped"
-    folder.mkdir()
-    for path in (saved_heads / "base").iterdir():
-        (folder / path.name).write_bytes(path.read_bytes())
+    folder = copy_checkpoint(saved_heads / "base", tmp_path / "reshaped")
     weights = load_file(str(folder / "model.safetensors"))
     weights["encoder.layer.0.mixer.in_proj.weight"] = torch.zeros(10, 10)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
