@@ -26,7 +26,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_orchid import OrchidConfig
-from .orchid_layers import BlockDiagonalLinear, ImplicitLongFilter, OrchidOperator, ShortConv1d, Sin
+from .orchid_layers import BlockDiagonalLinear, ImplicitLongFilter, OrchidOperator, Sin
 
 # ---------------------------------------------------------------------------------------------
 # Embeddings
@@ -255,11 +255,15 @@ class OrchidPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, ShortConv1d):
-            init.kaiming_uniform_(module.conv.weight, a=math.sqrt(5))
-            if module.conv.bias is not None:
-                bound = 1 / math.sqrt(module.kernel_size)
-                init.uniform_(module.conv.bias, -bound, bound)
+        elif isinstance(module, nn.Conv1d) and module.groups == module.in_channels:
+            # The operator's depthwise short convolutions. Initialised here, on the Conv1d itself: transformers
+            # skips _init_weights for custom-code modules without parameters of their own, like ShortConv1d.
+            # With BERT's std 0.02 the gates s1, s2 and the value v would start near zero and their product,
+            # the mixer's output, some 1e-7 of its input.
+            init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+            if module.bias is not None:
+                bound = 1 / math.sqrt(module.kernel_size[0])
+                init.uniform_(module.bias, -bound, bound)
         elif isinstance(module, ImplicitLongFilter):
             for layer in module.ffn:
                 if isinstance(layer, nn.Linear):
@@ -275,6 +279,13 @@ class OrchidPreTrainedModel(PreTrainedModel):
         elif isinstance(module, OrchidEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
         elif isinstance(module, OrchidPatchEmbeddings):
+            # Xavier-uniform over the flattened patch (as MAE): with std 0.02 the image content of a few
+            # pixels per patch would start many times weaker than the unit-scale sin-cos positions.
+            weight = module.projection.weight
+            fan_in, fan_out = weight[0].numel(), weight.shape[0]
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            init.uniform_(weight, -bound, bound)
+            init.zeros_(module.projection.bias)
             init.copy_(
                 module.position_embeddings,
                 sinusoidal_position_embeddings_2d(module.grid_size, module.position_embeddings.shape[-1]),

@@ -135,6 +135,22 @@ def test_config_round_trips_through_json(tmp_path):
     assert {**loaded.to_dict(), "_name_or_path": ""} == config.to_dict()
 
 
+def test_initialisation_keeps_the_operator_signal_alive():
+    # transformers skips _init_weights for parameterless wrappers; the short convolutions must still get
+    # PyTorch's fan-in initialisation (std 1/3 for kernel 3), not BERT's 0.02.
+    model = AutoModelForSequenceClassification.from_config(tiny_text_config())
+    layer = model.orchid.encoder.layer[0]
+    assert layer.mixer.short_conv.conv.weight.std().item() == pytest.approx(1 / 3, rel=0.25)
+    hidden = torch.randn(2, 24, 32)
+    with torch.no_grad():
+        mixed = layer.mixer(hidden)
+    assert mixed.square().mean().sqrt() > 1e-2 * hidden.square().mean().sqrt()
+
+    image_model = OrchidForImageClassification(tiny_image_config(num_channels=1, patch_size=2))
+    weight = image_model.orchid.embeddings.projection.weight
+    assert weight.std().item() == pytest.approx((2.0 / (4 + 32)) ** 0.5, rel=0.25)  # Xavier over the flattened patch
+
+
 # ---------------------------------------------------------------------------------------------
 # Heads and Auto classes
 # ---------------------------------------------------------------------------------------------
