@@ -10,10 +10,13 @@ from transformers import PreTrainedTokenizerFast
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 1000) -> PreTrainedTokenizerFast:
+def train_wordpiece_tokenizer(
+    texts: Iterable[str], vocab_size: int = 1000, model_max_length: int | None = None
+) -> PreTrainedTokenizerFast:
     """A lower-casing WordPiece tokenizer with BERT's special tokens and ``[CLS] a [SEP] b [SEP]`` templates.
 
-    ``[PAD]`` gets id 0, matching ``OrchidConfig.pad_token_id``'s default.
+    ``[PAD]`` gets id 0, matching ``OrchidConfig.pad_token_id``'s default. ``model_max_length`` (the model's
+    ``max_position_embeddings``) lets pipelines and ``truncation=True`` cut long inputs to what the model takes.
     """
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size must be > {len(SPECIAL_TOKENS)}, got {vocab_size}")
@@ -29,7 +32,9 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 1000) -> P
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
+    limit = {} if model_max_length is None else {"model_max_length": model_max_length}
     return PreTrainedTokenizerFast(
+        **limit,
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
         pad_token="[PAD]",

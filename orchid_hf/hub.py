@@ -1,0 +1,131 @@
+"""Push a trained Orchid folder to the Hugging Face Hub and pull one back.
+
+A pushed folder must load anywhere: safetensors weights, ``config.json`` (with its ``auto_map``), the
+remote-code files that ``save_pretrained`` copies next to them, the tokenizer or image processor, and the
+model card. :func:`push_to_hub` refuses a folder that lacks any of them, and uploads only those files (never
+Trainer checkpoints or optimizer states).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+
+from .training import HubUnavailableError, hub_offline
+
+logger = logging.getLogger(__name__)
+
+REMOTE_CODE_FILES = ("configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
+OPTIONAL_FILES = ("generation_config.json", "results.json", "glue_results.json", "glue_results.md")
+
+
+def upload_file_list(folder: str | Path) -> list[str]:
+    """The files of ``folder`` that make up a loadable model repository; ValueError naming what is missing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"model folder {folder} does not exist")
+    present = {path.name for path in folder.iterdir() if path.is_file()}
+    missing = []
+    if "config.json" not in present:
+        missing.append("config.json")
+    weights = sorted(name for name in present if name.endswith(".safetensors"))
+    if "model.safetensors.index.json" in present:
+        weights.append("model.safetensors.index.json")
+    if not weights:
+        missing.append("model.safetensors (weights; save with save_pretrained, which writes safetensors)")
+    missing += [name for name in REMOTE_CODE_FILES if name not in present]
+    is_vision = False
+    if "config.json" in present:
+        config = json.loads((folder / "config.json").read_text())
+        is_vision = config.get("image_size") is not None
+        if not config.get("auto_map"):
+            missing.append("config.json 'auto_map' (needed by trust_remote_code=True)")
+    if is_vision:
+        processor = [name for name in IMAGE_PROCESSOR_FILES if name in present]
+        if not processor:
+            missing.append("preprocessor_config.json (save the image processor next to the model)")
+    else:
+        processor = [name for name in TOKENIZER_FILES if name in present]
+        if "tokenizer.json" not in processor and "vocab.txt" not in processor:
+            missing.append("tokenizer.json (save the tokenizer next to the model)")
+    if "README.md" not in present:
+        missing.append("README.md (write one with orchid_hf.cards.write_model_card)")
+    if missing:
+        raise ValueError(f"{folder} cannot be pushed, it lacks: {'; '.join(missing)}")
+    optional = [name for name in OPTIONAL_FILES if name in present]
+    return sorted({"config.json", "README.md", *weights, *REMOTE_CODE_FILES, *processor, *optional})
+
+
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    api: HfApi | None = None,
+    private: bool = False,
+    commit_message: str = "Upload Orchid model",
+    revision: str | None = None,
+    token: str | None = None,
+) -> str:
+    """Create ``repo_id`` (if needed) and upload the model files of ``folder``; returns the commit URL.
+
+    ``api`` defaults to a new ``HfApi``; with the default, a set ``HF_HUB_OFFLINE`` raises at once.
+    """
+    files = upload_file_list(folder)
+    if api is None:
+        if hub_offline():
+            raise HubUnavailableError(
+                f"cannot push {folder} to {repo_id}: HF_HUB_OFFLINE is set. Unset it on a machine with Hub access."
+            )
+        api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        commit_message=commit_message,
+        allow_patterns=files,
+    )
+    logger.info("pushed %d files of %s to %s", len(files), folder, repo_id)
+    return getattr(commit, "commit_url", str(commit))
+
+
+def pull_from_hub(
+    repo_id: str,
+    *,
+    local_dir: str | Path | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+) -> Path:
+    """Download a model repository (``snapshot_download``) and check that it holds a loadable Orchid folder.
+
+    Offline, only the local cache is consulted; a miss raises :class:`HubUnavailableError`.
+    """
+    offline = hub_offline()
+    try:
+        path = snapshot_download(
+            repo_id,
+            revision=revision,
+            local_dir=str(local_dir) if local_dir is not None else None,
+            token=token,
+            local_files_only=offline,
+        )
+    except LocalEntryNotFoundError as error:
+        if offline:
+            raise HubUnavailableError(
+                f"{repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; copy the model "
+                "folder to this machine and load it from its path instead"
+            ) from error
+        raise
+    path = Path(path)
+    upload_file_list(path)
+    return path
+
+
+__all__ = ["REMOTE_CODE_FILES", "pull_from_hub", "push_to_hub", "upload_file_list"]

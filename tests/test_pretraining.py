@@ -1,0 +1,306 @@
+"""Masked-LM pretraining recipe: the paper's defaults, block packing, masking, the decoupled weight decay,
+offline failures, an end-to-end tiny run with a (mocked) push, and exact resumption from a checkpoint."""
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, TrainerCallback
+
+from orchid_hf.pretraining import (
+    ReproducibleMLMCollator,
+    block_packer,
+    build_trainer,
+    main,
+    parse_args,
+    resolve_checkpoint,
+)
+from orchid_hf.synthetic_text import make_corpus
+from orchid_hf.tokenization import train_wordpiece_tokenizer
+from orchid_hf.training import HubUnavailableError, load_model_config, parse_overrides, torch_weight_decay
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models train faster on one thread: the second costs more in synchronisation than it saves."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+TINY = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,filter_width=16"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Local corpus files and a WordPiece tokenizer folder."""
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "train.txt").write_text("\n".join(make_corpus(60, seed=0)) + "\n")
+    (root / "validation.txt").write_text("\n".join(make_corpus(8, seed=1)) + "\n")
+    tokenizer = train_wordpiece_tokenizer(make_corpus(200, seed=2), vocab_size=300)
+    tokenizer.save_pretrained(root / "tokenizer")
+    return root
+
+
+def tiny_args(corpus, output_dir, *extra):
+    return [
+        "--train_file", str(corpus / "train.txt"), "--validation_file", str(corpus / "validation.txt"),
+        "--tokenizer_name", str(corpus / "tokenizer"), "--config_overrides", TINY, "--max_seq_length", "32",
+        "--output_dir", str(output_dir), "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "16",
+        "--learning_rate", "1e-3", "--logging_steps", "2", "--use_cpu", "--disable_tqdm", "True",
+        "--cache_dir", str(output_dir.parent / "cache"), *extra,
+    ]  # fmt: skip
+
+
+def test_paper_defaults():
+    data_args, args = parse_args(["--output_dir", "x"])
+    assert (data_args.dataset_name, data_args.dataset_config_name, data_args.streaming) == ("allenai/c4", "en", True)
+    assert data_args.tokenizer_name == "bert-base-uncased" and data_args.model_config == "orchid-bert-base"
+    assert (data_args.max_seq_length, data_args.mlm_probability, data_args.optimizer) == (128, 0.3, "d-adamw")
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-6)
+    assert (args.learning_rate, args.weight_decay, args.max_grad_norm) == (8e-4, 1e-5, 1.0)
+    assert args.warmup_steps == 0.06 and args.lr_scheduler_type == "linear" and args.max_steps == 70_000
+    assert args.optim == "adamw_torch" and args.bf16 == (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    with pytest.raises(ValueError, match=r"mlm_probability must be in \(0, 1\), got 1.5"):
+        parse_args(["--output_dir", "x", "--mlm_probability", "1.5"])
+    with pytest.raises(ValueError, match="set --max_steps > 0, got -1"):
+        parse_args(["--output_dir", "x", "--max_steps", "-1"])
+
+
+def test_config_from_preset_file_and_overrides(tmp_path):
+    assert parse_overrides("hidden_size=64, transform=fft,residual_long_conv=false") == {
+        "hidden_size": 64, "transform": "fft", "residual_long_conv": False,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides("hidden_size")
+    config = load_model_config("orchid-bert-large", {"num_hidden_layers": 2})
+    assert (config.hidden_size, config.num_hidden_layers) == (1536, 2)
+    config.save_pretrained(tmp_path)
+    again = load_model_config(str(tmp_path / "config.json"), {"hidden_size": 64, "intermediate_size": 128})
+    assert (again.hidden_size, again.num_hidden_layers, again.vocab_size) == (64, 2, 30522)
+    with pytest.raises(ValueError, match="neither a preset"):
+        load_model_config("orchid-bert-huge")
+
+
+def test_block_packing(corpus):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(corpus / "tokenizer")
+    docs = make_corpus(10, seed=3)
+    packed = block_packer(tokenizer, 16, "text")({"text": [*docs, "", "  "]})
+    stream = []
+    for doc in docs:
+        stream += tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+    assert len(packed["input_ids"]) == len(stream) // 14
+    content = []
+    for block, special in zip(packed["input_ids"], packed["special_tokens_mask"], strict=True):
+        assert len(block) == 16 and block[0] == tokenizer.cls_token_id and block[-1] == tokenizer.sep_token_id
+        assert special == [int(t in (tokenizer.cls_token_id, tokenizer.sep_token_id)) for t in block]
+        content += block[1:-1]
+    assert content == stream[: len(content)] and len(stream) - len(content) < 14  # only the tail is dropped
+
+
+def test_masking_is_bert_masking_and_depends_only_on_the_batch(corpus):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(corpus / "tokenizer")
+    collator = ReproducibleMLMCollator(tokenizer=tokenizer, mlm_probability=0.3, mask_seed=7)
+    assert isinstance(collator, DataCollatorForLanguageModeling)
+    packed = block_packer(tokenizer, 32, "text")({"text": make_corpus(200, seed=4)})
+    examples = [{"input_ids": i, "special_tokens_mask": s} for i, s in zip(*packed.values(), strict=True)]
+    batch = collator([dict(e) for e in examples])
+    originals = torch.tensor([e["input_ids"] for e in examples])
+    special = torch.tensor([e["special_tokens_mask"] for e in examples]).bool()
+    masked = batch["labels"] != -100
+    assert not masked[special].any()
+    rate = masked.sum().item() / (~special).sum().item()
+    assert 0.28 < rate < 0.32  # 30% of about 10k maskable tokens
+    assert torch.equal(batch["labels"][masked], originals[masked])
+    replaced = batch["input_ids"][masked] == tokenizer.mask_token_id
+    assert 0.75 < replaced.float().mean().item() < 0.85  # BERT's 80% [MASK]
+    # The same batch gets the same masks whatever came before; another batch or seed gets others.
+    torch.manual_seed(123)
+    collator([dict(e) for e in examples[:5]])
+    again = collator([dict(e) for e in examples])
+    assert torch.equal(again["input_ids"], batch["input_ids"]) and torch.equal(again["labels"], batch["labels"])
+    other = ReproducibleMLMCollator(tokenizer=tokenizer, mlm_probability=0.3, mask_seed=8)([dict(e) for e in examples])
+    assert not torch.equal(other["labels"], batch["labels"])
+
+
+def test_decoupled_weight_decay_matches_composer_rule():
+    """torch AdamW with weight_decay / lr_peak applies Composer DecoupledAdamW's decay (lr_t / lr_peak) * wd."""
+    assert torch_weight_decay("d-adamw", 1e-5, 8e-4) == pytest.approx(0.0125)
+    assert torch_weight_decay("adamw", 0.01, 5e-5) == 0.01
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        torch_weight_decay("sgd", 0.0, 1.0)
+    lr, wd, betas, eps = 0.1, 0.3, (0.9, 0.98), 1e-6
+    weight = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    decay = torch_weight_decay("d-adamw", wd, lr)
+    optimizer = torch.optim.AdamW([weight], lr=lr, betas=betas, eps=eps, weight_decay=decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: [0.5, 1.0, 0.25, 0.0][step])
+    reference, m, v = weight.detach().clone(), torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64)
+    for step in range(3):
+        grad = torch.randn(5, dtype=torch.float64)
+        weight.grad = grad.clone()
+        lr_t = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        schedule.step()
+        # Composer DecoupledAdamW: p *= 1 - (lr_t / lr_peak) * wd, then the Adam update.
+        reference *= 1 - (lr_t / lr) * wd
+        m = betas[0] * m + (1 - betas[0]) * grad
+        v = betas[1] * v + (1 - betas[1]) * grad**2
+        m_hat, v_hat = m / (1 - betas[0] ** (step + 1)), v / (1 - betas[1] ** (step + 1))
+        reference -= lr_t * m_hat / (v_hat.sqrt() + eps)
+        assert torch.allclose(weight.detach(), reference, rtol=1e-12, atol=1e-12)
+
+
+def test_offline_hub_names_fail_fast(corpus, tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(HubUnavailableError, match="--tokenizer_name pointing to a tokenizer folder"):
+        main(["--output_dir", str(tmp_path)])  # bert-base-uncased, allenai/c4
+    with pytest.raises(HubUnavailableError, match="dataset 'allenai/c4'.*--train_file"):
+        main(["--output_dir", str(tmp_path), "--tokenizer_name", str(corpus / "tokenizer")])
+    with pytest.raises(HubUnavailableError, match="--push_to_hub me/model: HF_HUB_OFFLINE is set"):
+        main([*tiny_args(corpus, tmp_path), "--max_steps", "1", "--push_to_hub", "--hub_model_id", "me/model"])
+    assert time.perf_counter() - start < 10
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+class FakeHfApi:
+    def __init__(self, token=None):
+        self.calls = []
+        FakeHfApi.instance = self
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+        return "https://hub.example/commit/1"
+
+
+def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
+    # Pretend the Hub is reachable and let a fake HfApi receive the upload.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("orchid_hf.hub.HfApi", FakeHfApi)
+    out = tmp_path / "mlm"
+    results = main(
+        [*tiny_args(corpus, out), "--max_steps", "6", "--eval_steps", "3", "--save_steps", "3",
+         "--eval_before_training", "--push_to_hub", "--hub_model_id", "me/tiny-orchid"]
+    )  # fmt: skip
+    assert results["world_size"] == 1
+    assert 0.0 <= results["init"]["init_masked_accuracy"] <= 1.0
+    assert 0.0 <= results["eval"]["eval_masked_accuracy"] <= 1.0
+    assert results["eval"]["eval_loss"] < results["init"]["init_loss"]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [e["step"] for e in history if "eval_masked_accuracy" in e] == [3, 6]
+    assert (out / "checkpoint-3").is_dir() and (out / "checkpoint-6").is_dir()
+
+    model = AutoModelForMaskedLM.from_pretrained(out)
+    assert model.config.hidden_size == 32 and model.config.vocab_size == 300
+    assert model.lm_head.decoder.weight.data_ptr() == model.orchid.embeddings.word_embeddings.weight.data_ptr()
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: fill-mask" in card and "masked-token accuracy" in card and "me/tiny-orchid" in card
+
+    (create, repo_id, kwargs), (upload, upload_kwargs) = FakeHfApi.instance.calls
+    assert (create, repo_id, kwargs["exist_ok"]) == ("create_repo", "me/tiny-orchid", True)
+    assert upload_kwargs["repo_id"] == "me/tiny-orchid" and upload_kwargs["folder_path"] == str(out)
+    assert set(upload_kwargs["allow_patterns"]) == {
+        "README.md", "config.json", "model.safetensors", "configuration_orchid.py", "modeling_orchid.py",
+        "orchid_layers.py", "tokenizer.json", "tokenizer_config.json",
+    }  # fmt: skip
+
+
+class StopAt(TrainerCallback):
+    """Interrupts training after ``step`` (the checkpoint of that step is written first)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def _train(corpus, output_dir, *, callbacks=None, resume=None):
+    """Run the Trainer of the pretraining recipe; return the batches it trained on and the final weights."""
+    data_args, training_args = parse_args(
+        tiny_args(
+            corpus, output_dir, "--max_steps", "10", "--save_steps", "4", "--eval_strategy", "no",
+            "--max_train_samples", "24",
+        )  # fmt: skip
+    )
+    trainer = build_trainer(data_args, training_args, callbacks=callbacks).trainer
+    seen = []
+    training_step = trainer.training_step
+
+    def recording_step(model, inputs, num_items_in_batch=None):
+        seen.append((inputs["input_ids"].clone(), inputs["labels"].clone()))
+        return training_step(model, inputs, num_items_in_batch)
+
+    trainer.training_step = recording_step
+    trainer.train(resume_from_checkpoint=resume)
+    return seen, {name: p.detach().clone() for name, p in trainer.model.named_parameters()}, trainer
+
+
+def test_resume_from_last_checkpoint(tmp_path):
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-12").mkdir()
+    assert resolve_checkpoint("last", str(tmp_path)) == str(tmp_path / "checkpoint-12")
+    assert resolve_checkpoint(None, str(tmp_path)) is None
+    with pytest.raises(ValueError, match="no checkpoint-\\* folder in"):
+        resolve_checkpoint("last", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="is not a folder"):
+        resolve_checkpoint(str(tmp_path / "checkpoint-99"), str(tmp_path))
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(corpus, tmp_path):
+    full_batches, full_weights, trainer = _train(corpus, tmp_path / "full")
+    steps_per_epoch = len(trainer.get_train_dataloader())
+    assert steps_per_epoch == 6  # the run crosses an epoch boundary, and the restart happens mid-epoch
+
+    first_batches, _, _ = _train(corpus, tmp_path / "resumed", callbacks=[StopAt(4)])
+    assert len(first_batches) == 4
+    checkpoint = str(tmp_path / "resumed" / "checkpoint-4")
+    second_batches, resumed_weights, _ = _train(corpus, tmp_path / "resumed", resume=checkpoint)
+
+    # Nothing lost, nothing repeated: the same 10 batches, with the same masks, in the same order.
+    assert len(full_batches) == 10 and len(second_batches) == 6
+    for (ids_a, labels_a), (ids_b, labels_b) in zip(full_batches, first_batches + second_batches, strict=True):
+        assert torch.equal(ids_a, ids_b) and torch.equal(labels_a, labels_b)
+    assert full_weights.keys() == resumed_weights.keys()
+    for name, weight in full_weights.items():
+        assert torch.equal(weight, resumed_weights[name]), name
+
+
+def test_hub_path_streams_c4(corpus, tmp_path, monkeypatch):
+    """The real C4 path, with the Hub replaced by a local stream: streaming, shuffling, packing on the fly,
+    a finite validation set taken from the stream, and Trainer on an IterableDataset."""
+    import datasets
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    local_load = datasets.load_dataset
+    requests = []
+
+    def fake_hub(name, config=None, *, split, streaming, cache_dir=None):
+        requests.append((name, config, split, streaming))
+        path = corpus / ("train.txt" if split == "train" else "validation.txt")
+        return local_load("text", data_files=str(path), split="train", streaming=True, cache_dir=str(tmp_path))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_hub)
+    data_args, training_args = parse_args(
+        [
+            "--tokenizer_name", str(corpus / "tokenizer"), "--config_overrides", TINY, "--max_seq_length", "32",
+            "--output_dir", str(tmp_path / "c4"), "--max_steps", "2", "--per_device_train_batch_size", "4",
+            "--max_eval_samples", "5", "--use_cpu", "--disable_tqdm", "True",
+        ]
+    )  # fmt: skip
+    trainer = build_trainer(data_args, training_args).trainer
+    assert requests == [("allenai/c4", "en", "train", True), ("allenai/c4", "en", "validation", True)]
+    assert isinstance(trainer.train_dataset, datasets.IterableDataset)
+    assert len(trainer.eval_dataset) == 5 and all(len(ids) == 32 for ids in trainer.eval_dataset["input_ids"])
+    assert trainer.train().global_step == 2
