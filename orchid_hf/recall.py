@@ -423,7 +423,7 @@ def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
 
     results = [json.loads(Path(p).read_text()) for p in paths]
     tasks = sorted({(r["config"]["vocab_size"], r["config"]["seq_len"]) for r in results})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 6.5), squeeze=False)
     for ax, (vocab, length) in zip(axes[0], tasks):
         for r in results:
             c = r["config"]
@@ -433,8 +433,9 @@ def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
                         label=f"{describe(c)} ({c['steps']} steps, lr {c['lr']:g})")
         ax.set(title=f"vocabulary {vocab}, length {length}", xlabel="step", ylabel="test accuracy (%)", ylim=(0, 101))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        # Below the axes: inside, the legend would hide the curves that matter.
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    fig.savefig(out_png, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
