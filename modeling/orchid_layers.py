@@ -2,9 +2,16 @@
 convolution operator, and block-diagonal linear layers.
 
 Section and equation numbers refer to the paper. Every sequence-mixing step runs along the sequence
-axis, per channel. Tensors in the operator keep the transformers layout ``(batch, length, channels)``
-at the boundary and work internally in ``(batch, channels, length)``, the layout that both
-``torch.fft`` (last axis) and depthwise ``Conv1d`` want, so the input is transposed once per call.
+axis, per channel. The operator keeps the transformers layout ``(batch, length, channels)`` throughout:
+its projections are row-major GEMMs in that layout, its depthwise convolutions run as channels-last
+oneDNN convolutions, and its transforms act on axis 1, so no activation is ever transposed. Up to
+``MATMUL_DCT_MAX_LEN`` the DCT is a single GEMM with the orthonormal DCT matrix (at N = 128 one GEMM
+beats an FFT wrapped in the reorderings and twiddles of Makhoul's algorithm); beyond it the DCT runs
+through one real FFT of length N. Without gradients, intermediate tensors are updated in place, which
+on CPU also saves the page faults of fresh large allocations.
+
+The functions ``dct``, ``idct``, ``long_convolution``, ``kernel_spectrum`` and ``apply_spectrum`` act on
+the last axis; the ``*_seq`` functions are their counterparts along the sequence axis.
 
 This file depends only on torch and the standard library so that it can ship to the Hub as remote code.
 """
@@ -94,6 +101,228 @@ def apply_spectrum(x: torch.Tensor, spectrum: torch.Tensor, transform: str, n: i
 
 
 # ---------------------------------------------------------------------------------------------
+# The same transforms along axis 1 of (batch, length, channels) tensors: the operator's layout
+# ---------------------------------------------------------------------------------------------
+
+# Up to this length the DCT is one GEMM with the N x N matrix: 2 N flops per sample, which at N = 128 costs
+# less than an FFT wrapped in reorderings and twiddles. Beyond it, Makhoul's algorithm with one real FFT.
+MATMUL_DCT_MAX_LEN = 128
+
+_CONSTANTS: dict = {}
+
+
+def _constant(key: tuple, build):
+    """A value that depends only on ``key`` (length, dtype, device), built once and shared by all layers."""
+    if torch.compiler.is_compiling():
+        return build()  # traced into the graph instead of read from a Python dict
+    value = _CONSTANTS.get(key)
+    if value is None:
+        # Never inference tensors: a constant may later be saved for backward by a training step.
+        with torch.inference_mode(False), torch.no_grad():
+            value = _CONSTANTS[key] = build()
+    return value
+
+
+def dct_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The orthonormal DCT-II matrix D (n, n), ``D[k, t] = s_k cos(pi (2t + 1) k / 2n)``: dct(x) = D x."""
+
+    def build():
+        k = torch.arange(n, dtype=torch.float64, device="cpu").unsqueeze(1)
+        t = torch.arange(n, dtype=torch.float64, device="cpu").unsqueeze(0)
+        matrix = torch.cos(math.pi * (2 * t + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+        matrix[0] /= math.sqrt(2.0)
+        return matrix.to(device=device, dtype=dtype)
+
+    return _constant(("dct_matrix", n, dtype, device), build)
+
+
+def _makhoul_constants(n: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """Index maps and twiddles of the FFT-based DCT along axis 1.
+
+    Reading Makhoul's reordered input time-reversed conjugates its FFT, which turns the imaginary parts that
+    the DCT needs with a minus sign into plus signs: then ``Z = rfft(...) * twiddle`` holds the DCT in
+    *pairs*, ``Re Z[k] = X[k]`` and ``Im Z[k] = X[n - k]`` (``Im Z[0] = 0``), and the inverse transform starts
+    from exactly that pair form. A product with a DCT-domain multiplier H is then an in-place product of
+    the real and imaginary parts with ``H[k]`` and ``H[n - k]``, with no reordering in between.
+    """
+
+    def build():
+        half = n // 2 + 1
+        t = torch.arange(n, device="cpu")
+        # Makhoul's reordering v = (x0, x2, x4, ..., x5, x3, x1), read time-reversed: v[(-t) mod n].
+        order = torch.cat([torch.arange(0, n, 2), torch.arange(1, n, 2).flip(0)])
+        k = torch.arange(half, dtype=torch.float64, device="cpu")
+        scale = torch.full((half,), math.sqrt(2.0 / n), dtype=torch.float64)
+        scale[0] = math.sqrt(1.0 / n)
+        # Inverse: V[k] = (X[k] - i X[n - k]) exp(i pi k / 2n) c_k = conj((X[k] + i X[n - k]) conj(w_k));
+        # the irfft of a conjugate is the time-reversed signal, which the final reordering undoes.
+        inverse_scale = torch.full((half,), math.sqrt(n / 2.0), dtype=torch.float64)
+        inverse_scale[0] = math.sqrt(float(n))
+        j = torch.arange(n)
+        complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        rows = torch.arange(half)
+        forward_twiddle = torch.polar(scale, math.pi * k / (2 * n))
+        inverse_twiddle = torch.polar(inverse_scale, -math.pi * k / (2 * n))
+        return {
+            "gather": order[(-t) % n].to(device),
+            "forward_twiddle": forward_twiddle.to(device, complex_dtype).unsqueeze(-1),
+            "inverse_twiddle": inverse_twiddle.to(device, complex_dtype).unsqueeze(-1),
+            # Rows of the (half, 2) pair layout, flattened, that hold X[0], ..., X[n - 1].
+            "natural": torch.cat([2 * rows, 2 * (n - torch.arange(half, n)) + 1]).to(device),
+            # Rows of X that make the pair layout: (X[k], X[n - k]); X[n] does not exist and meets Im Z[0] = 0.
+            "pairs": torch.stack([rows, (n - rows) % n], dim=1).reshape(-1).to(device),
+            # y[2j] = v[j] = v_reversed[-j], y[2j + 1] = v[n - 1 - j] = v_reversed[j + 1].
+            "unorder": torch.where(j % 2 == 0, (-(j // 2)) % n, j // 2 + 1).to(device),
+        }
+
+    return _constant(("makhoul", n, dtype, device), build)
+
+
+def _uses_matmul(n: int) -> bool:
+    return n <= MATMUL_DCT_MAX_LEN
+
+
+def _select_rows(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x.index_select(1, index)`` for x (B, R, ...), as one gather of rows of the flattened tensor: on CPU
+    a gather along axis 0 copies whole rows and runs several times faster than one along axis 1."""
+    batch = x.shape[0]
+    flat = x.reshape(batch * x.shape[1], *x.shape[2:])
+    if batch > 1:
+        index = (index + rows * torch.arange(batch, device=index.device).unsqueeze(1)).reshape(-1)
+    return flat.index_select(0, index).view(batch, -1, *x.shape[2:])
+
+
+def _makhoul_pairs(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Z (B, n // 2 + 1, C) complex with ``Re Z[k] = dct(x)[k]``, ``Im Z[k] = dct(x)[n - k]`` (see above)."""
+    c = _makhoul_constants(n, x.dtype, x.device)
+    if x.shape[1] < n:
+        x = F.pad(x, (0, 0, 0, n - x.shape[1]))
+    # In place even under autograd: rfft keeps no output and the twiddle is a constant.
+    return torch.fft.rfft(_select_rows(x, c["gather"], n), dim=1).mul_(c["forward_twiddle"])
+
+
+def _pairs_to_natural(z: torch.Tensor, n: int, magnitude: bool = False) -> torch.Tensor:
+    """The DCT (B, n, C) in natural order from its pair form (or its magnitude, at no extra pass)."""
+    c = _makhoul_constants(n, z.real.dtype, z.device)
+    batch, half, channels = z.shape
+    if torch.is_grad_enabled():
+        parts = torch.view_as_real(z).transpose(2, 3)
+        parts = (parts.abs() if magnitude else parts).contiguous()
+    else:
+        parts = z.real.new_empty(batch, half, 2, channels)
+        source = torch.view_as_real(z).transpose(2, 3)
+        if magnitude:
+            torch.abs(source, out=parts)
+        else:
+            parts.copy_(source)
+    return _select_rows(parts.view(batch, 2 * half, channels), c["natural"], 2 * half)
+
+
+def to_pairs(spectrum: torch.Tensor, n: int) -> torch.Tensor:
+    """A DCT-domain multiplier (..., n, C) in pair form (..., n // 2 + 1, 2, C): rows H[k] and H[n - k]."""
+    c = _makhoul_constants(n, spectrum.dtype, spectrum.device)
+    squeeze = spectrum.dim() == 2
+    pairs = _select_rows(spectrum.unsqueeze(0) if squeeze else spectrum, c["pairs"], n)
+    pairs = pairs.view(pairs.shape[0], n // 2 + 1, 2, spectrum.shape[-1])
+    return pairs[0] if squeeze else pairs
+
+
+def _pairs_inverse(z: torch.Tensor, n: int, length: int) -> torch.Tensor:
+    """First ``length`` samples of the inverse DCT of the pair form ``z``; z is updated in place."""
+    c = _makhoul_constants(n, z.real.dtype, z.device)
+    z[:, :1].imag.zero_()  # the DCT has no X[n]; exact already, but irfft must not see rounding there
+    signal = torch.fft.irfft(z.mul_(c["inverse_twiddle"]), n=n, dim=1)
+    return _select_rows(signal, c["unorder"][:length], n)
+
+
+def dct_seq(x: torch.Tensor, n: int, magnitude: bool = False) -> torch.Tensor:
+    """Orthonormal DCT-II along axis 1 of ``x`` (B, L, C), zero-padded to length n >= L: (B, n, C).
+    ``magnitude=True`` returns its absolute value."""
+    if _uses_matmul(n):
+        out = torch.matmul(dct_matrix(n, x.dtype, x.device)[:, : x.shape[1]], x)
+        if not magnitude:
+            return out
+        return out.abs() if torch.is_grad_enabled() else out.abs_()
+    return _pairs_to_natural(_makhoul_pairs(x, n), n, magnitude)
+
+
+def idct_seq(spectrum: torch.Tensor, length: int, accumulate: torch.Tensor | None = None) -> torch.Tensor:
+    """First ``length`` samples of the orthonormal inverse DCT along axis 1 of ``spectrum`` (B, n, C).
+
+    With ``accumulate`` (B, length, C) the result is added to it (in place when gradients are off)."""
+    n = spectrum.shape[1]
+    if _uses_matmul(n):
+        inverse = dct_matrix(n, spectrum.dtype, spectrum.device)[:, :length].T  # D^T = D^-1
+        if accumulate is None:
+            return torch.matmul(inverse, spectrum)
+        inverse = inverse.expand(spectrum.shape[0], -1, -1)
+        if torch.is_grad_enabled():
+            return torch.baddbmm(accumulate, inverse, spectrum)
+        return accumulate.baddbmm_(inverse, spectrum)
+    z = torch.view_as_complex(to_pairs(spectrum, n).transpose(2, 3).contiguous())
+    signal = _pairs_inverse(z, n, length)
+    if accumulate is None:
+        return signal
+    return accumulate + signal if torch.is_grad_enabled() else accumulate.add_(signal)
+
+
+def transform_seq(x: torch.Tensor, n: int, transform: str, magnitude: bool = False) -> torch.Tensor:
+    """The orthonormal transform T along axis 1 (see :func:`forward_transform`), zero-padded to length n;
+    its absolute value with ``magnitude=True``."""
+    if transform == "dct":
+        return dct_seq(x, n, magnitude)
+    spectrum = torch.fft.rfft(x, n=n, dim=1, norm="ortho")
+    return spectrum.abs() if magnitude else spectrum
+
+
+def prepare_multiplier(spectrum: torch.Tensor, transform: str, n: int) -> torch.Tensor:
+    """A spectrum as :func:`convolve_seq` consumes it: unchanged, or in pair form for the FFT-based DCT."""
+    if transform == "dct" and not _uses_matmul(n):
+        return to_pairs(spectrum, n)
+    return spectrum
+
+
+def convolve_seq(
+    x: torch.Tensor,
+    multiplier: torch.Tensor,
+    transform: str,
+    n: int,
+    accumulate: torch.Tensor | None = None,
+    prepared: bool = False,
+) -> torch.Tensor:
+    """``T^-1(T(x) * spectrum)`` along axis 1 for ``x`` (B, L, C) zero-padded to n; returns its first L
+    samples, added to ``accumulate`` if given. The spectrum is (n, C) or (B, n, C) for the DCT and
+    (n // 2 + 1, C) or (B, n // 2 + 1, C) for the FFT, as :func:`kernel_spectrum` gives per channel;
+    ``prepared=True`` when it already went through :func:`prepare_multiplier`."""
+    length = x.shape[1]
+    grad = torch.is_grad_enabled()
+    if not prepared:
+        multiplier = prepare_multiplier(multiplier, transform, n)
+    if transform == "dct" and _uses_matmul(n):
+        product = dct_seq(x, n)
+        product = product * multiplier if grad else product.mul_(multiplier)
+        return idct_seq(product, length, accumulate)
+    if transform == "dct":
+        z = _makhoul_pairs(x, n)
+        # Real parts times H[k], imaginary parts times H[n - k]: both operands walk their channels with unit
+        # (or 2) stride, where a (half, C, 2) view of the pairs would stride by C and run several times slower.
+        low, high = multiplier.select(-2, 0), multiplier.select(-2, 1)
+        if grad:
+            z = torch.complex(z.real * low, z.imag * high)
+        else:
+            z.real.mul_(low)
+            z.imag.mul_(high)
+        signal = _pairs_inverse(z, n, length)
+    else:
+        product = torch.fft.rfft(x, n=n, dim=1)
+        product = product * multiplier if grad else product.mul_(multiplier)
+        signal = torch.fft.irfft(product, n=n, dim=1)[:, :length]
+    if accumulate is None:
+        return signal
+    return accumulate + signal if grad else accumulate.add_(signal)
+
+
+# ---------------------------------------------------------------------------------------------
 # Short convolutions
 # ---------------------------------------------------------------------------------------------
 
@@ -102,7 +331,9 @@ class ShortConv1d(nn.Module):
     """Depthwise Conv1d along the sequence, centred (a bidirectional encoder sees both neighbours).
 
     ``padding_mode="circular"`` keeps the convolution exactly shift-equivariant on the circle, which the
-    FFT path needs for Sec. 3.2; ``"zeros"`` suits the DCT path and the frequency axis.
+    FFT path needs for Sec. 3.2; ``"zeros"`` suits the DCT path and the frequency axis. Inputs are
+    (B, L, C): the convolution runs as a channels-last 2-D depthwise convolution of height 1, which oneDNN
+    computes in one pass without transposing the activations.
     """
 
     def __init__(self, channels: int, kernel_size: int, padding_mode: str = "zeros", bias: bool = True):
@@ -113,33 +344,36 @@ class ShortConv1d(nn.Module):
         self.padding_mode = padding_mode
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, C, N)
+    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+        """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even in circular mode: a sequence shorter
+        than the transform is zero-padded to it, so its circle closes over zeros."""
         pad = self.kernel_size // 2
-        if pad:
-            if self.padding_mode == "circular" and x.shape[-1] >= pad:
-                x = F.pad(x, (pad, pad), mode="circular")
-            else:
-                x = F.pad(x, (pad, pad))
         # Weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight = self.conv.weight.to(x.dtype)
+        weight = self.conv.weight.to(x.dtype).unsqueeze(2)  # (C, 1, 1, k)
         bias = None if self.conv.bias is None else self.conv.bias.to(x.dtype)
-        return F.conv1d(x, weight, bias, groups=self.conv.groups)
+        image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
+        padding = (0, pad)
+        if pad and wrap and self.padding_mode == "circular" and x.shape[1] >= pad:
+            image = F.pad(image, (pad, pad, 0, 0), mode="circular")
+            padding = (0, 0)
+        out = F.conv2d(image, weight, bias, padding=padding, groups=self.conv.groups)
+        return out.squeeze(2).transpose(1, 2)
 
 
 class ShortConvStack(nn.Module):
     """``depth`` depthwise convolutions in a row (App. C.1 uses 1, and 3 for the hardest recall task).
 
-    With a mask, masked positions are zeroed before each convolution, so that padding never leaks into
-    real positions.
+    With a mask (B, L, 1), masked positions are zeroed before each convolution, so that padding never
+    leaks into real positions.
     """
 
     def __init__(self, channels: int, kernel_size: int, depth: int, padding_mode: str):
         super().__init__()
         self.layers = nn.ModuleList(ShortConv1d(channels, kernel_size, padding_mode) for _ in range(depth))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x if mask is None else x * mask)
+            x = layer(x if mask is None else x * mask, wrap)
         return x
 
 
@@ -242,6 +476,15 @@ class ImplicitLongFilter(nn.Module):
         to scale, so the skip term is the constant ``skip`` added to the kernel's spectrum."""
         return kernel_spectrum(self().to(dtype), transform) + self.skip.to(dtype)[:, None]
 
+    def spectrum_seq(self, transform: str, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`spectrum` transposed, (length or length // 2 + 1, channels): the operator's layout."""
+        kernel = (self.ffn(self.lag_features) * self.envelope).to(dtype)  # (length, channels)
+        if transform == "dct":
+            multiplier = dct_seq(kernel.unsqueeze(0), self.length)[0]
+        else:
+            multiplier = torch.fft.rfft(kernel, dim=0)
+        return multiplier + self.skip.to(dtype)
+
 
 # ---------------------------------------------------------------------------------------------
 # Conditioning network h_theta (Sec. 3.2, Eq. 2-4)
@@ -293,13 +536,15 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvStack(channels, time_kernel_size, time_layers, time_padding)
         self.freq_conv = ShortConvStack(channels, freq_kernel_size, freq_layers, "zeros")
 
-    def forward(self, u: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """u: (B, C, N) float32 with masked positions zero. Returns the spectrum, (B, C, N or N//2+1)."""
-        key = self._time_features(self.time_conv, u, mask)
-        key_spectrum = forward_transform(key, self.transform)
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """u: (B, L, C) with masked positions zero, mask (B, L, 1) or None; the spectrum of the kernel for
+        transform length n >= L, (B, n, C) for the DCT and (B, n // 2 + 1, C) for the FFT."""
+        wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
+        key = self._time_features(self.time_conv, u, mask, wrap)
         if self.conditioning == "abs":
-            return self.freq_conv(key_spectrum.abs())
-        query_spectrum = forward_transform(self._time_features(self.query_conv, u, mask), self.transform)
+            return self.freq_conv(transform_seq(key, n, self.transform, magnitude=True))
+        key_spectrum = transform_seq(key, n, self.transform)
+        query_spectrum = transform_seq(self._time_features(self.query_conv, u, mask, wrap), n, self.transform)
         if self.activation != "identity":
             magnitude = query_spectrum.abs()
             query_spectrum = query_spectrum * (
@@ -312,8 +557,10 @@ class ConditioningNetwork(nn.Module):
         return self.freq_conv(product)
 
     @staticmethod
-    def _time_features(stack: ShortConvStack, u: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        features = stack(u, mask)
+    def _time_features(
+        stack: ShortConvStack, u: torch.Tensor, mask: torch.Tensor | None, wrap: bool
+    ) -> torch.Tensor:
+        features = stack(u, mask, wrap)
         return features if mask is None else features * mask
 
 
@@ -426,30 +673,44 @@ class OrchidOperator(nn.Module):
         h_theta(v) (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
         """
         batch, length = self._check_input("x", x, attention_mask)
-        mask = self._padded_mask(attention_mask, batch, length, x)  # (B, 1, N) or None
+        mask = self._mask(attention_mask, x.dtype)  # (B, L, 1) or None
+        n = self.max_len
+        # A sequence shorter than the transform is zero-padded to it (inside the transforms, never
+        # materialised): its circle closes over zeros, so circular padding becomes zero padding.
+        wrap = length == n
+        # In-place updates below touch only fresh tensors that no backward formula keeps; products with
+        # tensors that need gradients stay out of place while autograd records.
+        grad = torch.is_grad_enabled()
 
-        projected = self._to_channels_first(self.in_proj(x))  # (B, 3d, N), zero past L
-        projected = self._masked(projected, mask)
-        gated = self.short_conv(projected)
-        s1, s2, v = gated.split(self.d_model, dim=1)
+        projected = self._masked(self.in_proj(x), mask, inplace=True)  # (B, L, 3d)
 
         # Transforms in float32 at least: torch.fft has no bfloat16, and fp16 only for powers of two.
         compute_dtype = torch.promote_types(x.dtype, torch.float32)
+        # The kernel first: h_theta reads v before the short convolution, and building it before the
+        # convolution's output exists lowers the peak memory of a call by about a quarter.
         with torch.autocast(device_type=x.device.type, enabled=False):
+            # Multipliers in the layout the convolution consumes (pairs for the FFT-based DCT).
             spectrum = self._filter_spectrum("static", self.static_filter, compute_dtype)
             if self.conditioning is not None:
-                spectrum = spectrum + self._data_spectrum(
-                    x, projected, mask, conditioning_input, conditioning_mask, compute_dtype
-                )
-            y = apply_spectrum(self._masked((s1 * v).to(compute_dtype), mask), spectrum, self.transform, self.max_len)
-            y = y.to(s2.dtype) * s2
-            if self.residual_filter is not None:
-                block_input = self._masked(self._to_channels_first(x).to(compute_dtype), mask)
-                residual_spectrum = self._filter_spectrum("residual", self.residual_filter, compute_dtype)
-                y = y + apply_spectrum(block_input, residual_spectrum, self.transform, self.max_len).to(y.dtype)
-            y = self._masked(y, mask)
+                data = self._data_spectrum(x, projected, mask, conditioning_input, conditioning_mask, compute_dtype)
+                data = prepare_multiplier(data, self.transform, n)
+                # The frequency convolution or gather that made `data` keeps its input, not its output.
+                spectrum = data.add_(spectrum) if data.dtype == spectrum.dtype else data + spectrum
 
-        y = y[..., :length].transpose(1, 2)
+        gated = self.short_conv(projected, wrap)
+        del projected
+        s1, s2, v = gated.split(self.d_model, dim=-1)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            u = self._masked((s1 * v).to(compute_dtype), mask, inplace=True)
+            y = convolve_seq(u, spectrum, self.transform, n, prepared=True)
+            y = y * s2 if grad else y.mul_(s2)
+            if self.residual_filter is not None:
+                block_input = self._masked(x.to(compute_dtype), mask)  # never in place: x is the caller's
+                residual_spectrum = self._filter_spectrum("residual", self.residual_filter, compute_dtype)
+                y = convolve_seq(
+                    block_input, residual_spectrum, self.transform, n, accumulate=y, prepared=True
+                )
+            y = self._masked(y, mask, inplace=True)
         return self.out_proj(y.to(x.dtype))
 
     # -- helpers, in the order forward uses them --------------------------------------------------
@@ -471,53 +732,51 @@ class OrchidOperator(nn.Module):
             )
         return batch, length
 
-    def _padded_mask(
-        self, attention_mask: torch.Tensor | None, batch: int, length: int, like: torch.Tensor
-    ) -> torch.Tensor | None:
-        """(B, 1, N) mask in the dtype of ``like``; None when every position is real and N == L."""
-        if attention_mask is None:
-            if length == self.max_len:
-                return None
-            attention_mask = torch.ones(batch, length, device=like.device)
-        mask = attention_mask.to(like.dtype).unsqueeze(1)
-        return F.pad(mask, (0, self.max_len - length))
-
-    def _to_channels_first(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, C) -> (B, C, N), zero-padded to the transform length."""
-        return F.pad(x.transpose(1, 2), (0, self.max_len - x.shape[1]))
+    @staticmethod
+    def _mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """(B, L, 1) in ``dtype``, broadcasting over channels; None when every position is real."""
+        return None if attention_mask is None else attention_mask.to(dtype).unsqueeze(-1)
 
     @staticmethod
-    def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return x if mask is None else x * mask.to(x.dtype)
+    def _masked(x: torch.Tensor, mask: torch.Tensor | None, inplace: bool = False) -> torch.Tensor:
+        """Masked positions set to zero; ``inplace`` only for a fresh tensor that its producer does not keep."""
+        if mask is None:
+            return x
+        return x.mul_(mask) if inplace else x * mask.to(x.dtype)
 
     def _filter_spectrum(self, name: str, long_filter: ImplicitLongFilter, dtype: torch.dtype) -> torch.Tensor:
-        """T(h0) of a static filter, (d, N or N//2+1). Without gradients it is computed once and reused
-        until a parameter of the filter changes."""
-        if torch.is_grad_enabled():
-            return long_filter.spectrum(self.transform, dtype)
-        key = (dtype, *self._cache_key(long_filter))
+        """T(h0) + skip of a static filter, (N or N//2+1, d), prepared for convolve_seq. Without gradients
+        it is computed once and reused until a parameter of the filter changes: eval mode pays for the
+        filter's FFN and transform once, not on every call."""
+        def compute():
+            return prepare_multiplier(long_filter.spectrum_seq(self.transform, dtype), self.transform, self.max_len)
+
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return compute()
+        key = (dtype, MATMUL_DCT_MAX_LEN, *self._cache_key(long_filter))
         cached = self._spectrum_cache.get(name)
         if cached is None or cached[0] != key:
-            cached = (key, long_filter.spectrum(self.transform, dtype))
+            cached = (key, compute())
             self._spectrum_cache[name] = cached
         return cached[1]
 
     def _data_spectrum(self, x, projected, mask, conditioning_input, conditioning_mask, dtype) -> torch.Tensor:
         """h_theta^F of v, or of the cross-conditioning sequence u projected like v (Remark 3.3)."""
         if conditioning_input is None:
-            source, source_mask = projected[:, 2 * self.d_model :], mask
+            source, source_mask = projected[..., 2 * self.d_model :], mask
         else:
-            batch, length = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
+            batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
             if batch != x.shape[0]:
                 raise ValueError(f"conditioning_input has batch size {batch}, x has {x.shape[0]}")
             weight, bias = self.in_proj.weight[2 * self.d_model :], None
             if self.in_proj.bias is not None:
                 bias = self.in_proj.bias[2 * self.d_model :]
             # Zero-padded to the transform length, which Remark 3.3 reads as interpolation in frequency.
-            source = self._to_channels_first(F.linear(conditioning_input, weight, bias))
-            source_mask = self._padded_mask(conditioning_mask, batch, length, source)
-            source = self._masked(source, source_mask)
-        return self.conditioning(source.to(dtype), None if source_mask is None else source_mask.to(dtype))
+            source = F.linear(conditioning_input, weight, bias)
+            source_mask = self._mask(conditioning_mask, source.dtype)
+            source = self._masked(source, source_mask, inplace=True)
+        source_mask = None if source_mask is None else source_mask.to(dtype)
+        return self.conditioning(source.to(dtype), self.max_len, source_mask)
 
     @staticmethod
     def _cache_key(module: nn.Module) -> tuple:
@@ -566,9 +825,33 @@ class BlockDiagonalLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected {self.in_features} input features, got {x.shape[-1]}")
         leading = x.shape[:-1]
+        if not torch.is_grad_enabled() and self._direct_ok(x):
+            return self._forward_direct(x.reshape(-1, self.in_features)).view(*leading, self.out_features)
         blocks = x.reshape(-1, self.num_blocks, self.in_features // self.num_blocks).transpose(0, 1)
         y = torch.bmm(blocks, self.weight.transpose(1, 2)).transpose(0, 1).reshape(*leading, self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _direct_ok(self, x: torch.Tensor) -> bool:
+        return (
+            x.dtype == self.weight.dtype
+            and not torch.is_autocast_enabled(x.device.type)
+            and not torch.compiler.is_compiling()
+        )
+
+    def _forward_direct(self, x: torch.Tensor) -> torch.Tensor:
+        """Without autograd: each block's GEMM reads its column slice of x and writes its column slice of the
+        output (BLAS leading dimensions), bias included, so nothing is transposed or copied."""
+        block_in, block_out = self.in_features // self.num_blocks, self.out_features // self.num_blocks
+        out = x.new_empty(x.shape[0], self.out_features)
+        for i in range(self.num_blocks):
+            inputs = x[:, i * block_in : (i + 1) * block_in]
+            weight = self.weight[i].T
+            target = out[:, i * block_out : (i + 1) * block_out]
+            if self.bias is None:
+                torch.mm(inputs, weight, out=target)
+            else:
+                torch.addmm(self.bias[i * block_out : (i + 1) * block_out], inputs, weight, out=target)
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, num_blocks={self.num_blocks}"

@@ -1,0 +1,172 @@
+"""The benchmark at tiny sizes (correctness only: no timing is asserted anywhere), and the fast paths it
+measures: they must compute what the plain paths compute, and run under torch.compile."""
+
+import json
+
+import pytest
+import torch
+from orchid_hf.modeling import orchid_layers
+from orchid_hf.modeling.orchid_layers import BlockDiagonalLinear, OrchidOperator
+
+from orchid_hf import benchmark
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------------
+
+
+def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path):
+    lengths = [16, 32, 64]
+    result = benchmark.main(
+        [
+            "--quick",
+            "--lengths", ",".join(map(str, lengths)),
+            "--model-shapes", "2x16,1x32",
+            "--repeats", "2",
+            "--out-dir", str(tmp_path),
+            "--tag", "tiny",
+            "--silent",
+            "--reference-layers", orchid_layers.__file__,
+        ]
+    )
+    records = result["records"]
+    operator = [r for r in records if r["part"] == "operator"]
+    impls = set(benchmark.OPERATOR_IMPLS) | {"orchid_reference"}
+    for mode in benchmark.MODES:
+        for impl in impls:
+            points = sorted(r["length"] for r in operator if r["impl"] == impl and r["mode"] == mode)
+            assert points == lengths, (impl, mode)
+    for record in records:
+        assert record["time_s"] > 0 and all(t > 0 for t in record["times_s"])
+        assert record["peak_bytes"] > 0
+        assert not record["extrapolated"]
+    model = {(r["impl"], r["batch"], r["length"]) for r in records if r["part"] == "model"}
+    assert model == {(impl, b, n) for impl in ("orchid", "bert", "orchid_reference") for b, n in ((2, 16), (1, 32))}
+    assert result["summary"]["exponents"]["orchid/forward"]["points"] == len(lengths)
+    assert set(result["summary"]["model_speedups"]) == {"2x16", "1x32"}
+
+    saved = json.loads((tmp_path / "benchmark_tiny.json").read_text())
+    assert saved["finished"] and len(saved["records"]) == len(records)
+    markdown = (tmp_path / "benchmark_tiny.md").read_text()
+    assert "## Operator, forward" in markdown and "## Model, forward" in markdown
+    assert (tmp_path / "benchmark_tiny.png").stat().st_size > 10_000
+
+
+def test_operator_memory_grows_with_length_and_attention_math_fastest():
+    # Peak tensor memory of one forward call: linear for Orchid, quadratic for materialised attention.
+    peaks = {}
+    for impl in ("orchid", "attention_math"):
+        for length in (64, 256):
+            module = benchmark.build_operator(impl, 32, 4, length).eval()
+            step = benchmark.make_step(module, "forward", torch.randn(1, length, 32), is_model=False)
+            peaks[impl, length] = benchmark.profiled_peak_bytes(step)
+    assert peaks["orchid", 256] > peaks["orchid", 64]
+    assert peaks["attention_math", 256] / peaks["attention_math", 64] > peaks["orchid", 256] / peaks["orchid", 64]
+
+
+def test_profiled_peak_counts_live_tensors_not_total_allocations():
+    def step():
+        a = torch.empty(1_000_000)  # 4 MB
+        b = torch.empty(500_000)  # 2 MB, live with a
+        del a
+        c = torch.empty(250_000)  # 1 MB, a is gone
+        return b, c
+
+    assert benchmark.profiled_peak_bytes(step) == pytest.approx(6_000_000, rel=0.01)
+
+
+def test_power_law_fit_recovers_the_exponent():
+    lengths = [1024, 2048, 4096, 8192]
+    slope, intercept = benchmark.fit_power_law(lengths, [3e-6 * n**1.5 for n in lengths])
+    assert slope == pytest.approx(1.5)
+    assert benchmark.fit_power_law([1024], [1.0]) is None
+
+
+def test_math_attention_memory_guard_is_quadratic():
+    assert benchmark.math_attention_bytes(1, 12, 2 * 4096, "forward") == 4 * benchmark.math_attention_bytes(
+        1, 12, 4096, "forward"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast paths compute what the plain paths compute
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_fft_based_dct_path_equals_the_matmul_path(monkeypatch, conditioning):
+    # Up to MATMUL_DCT_MAX_LEN the DCT is a GEMM; beyond it Makhoul's FFT algorithm in pair form. Both
+    # must give the same operator, with masks, shorter inputs, cross-conditioning and gradients.
+    torch.manual_seed(0)
+    op = OrchidOperator(6, 40, conditioning=conditioning, conditioning_time_layers=2).double()
+    x = torch.randn(2, 33, 6, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(2, 21, 6, dtype=torch.float64)
+    mask = torch.ones(2, 33)
+    mask[1, 20:] = 0
+
+    def run():
+        x.grad = None
+        y = op(x, mask) + op(x, conditioning_input=u)
+        y.square().sum().backward()
+        with torch.no_grad():
+            eval_out = op(x, mask)
+        return y.detach(), x.grad.clone(), eval_out
+
+    monkeypatch.setattr(orchid_layers, "MATMUL_DCT_MAX_LEN", 1024)
+    matmul = run()
+    monkeypatch.setattr(orchid_layers, "MATMUL_DCT_MAX_LEN", 0)
+    fft = run()
+    for a, b in zip(matmul, fft):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("n,length", [(16, 16), (16, 9), (300, 300), (301, 250)])
+def test_sequence_axis_dct_equals_the_last_axis_dct(n, length):
+    x = torch.randn(2, length, 3, dtype=torch.float64)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, n - length))
+    expected = orchid_layers.dct(padded.transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(orchid_layers.dct_seq(x, n), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(orchid_layers.dct_seq(x, n, magnitude=True), expected.abs(), atol=1e-12, rtol=0)
+    spectrum = torch.randn(2, n, 3, dtype=torch.float64)
+    inverse = orchid_layers.idct(spectrum.transpose(1, 2)).transpose(1, 2)[:, :length]
+    torch.testing.assert_close(orchid_layers.idct_seq(spectrum, length), inverse, atol=1e-12, rtol=0)
+
+
+def test_block_diagonal_linear_direct_path_equals_the_batched_path():
+    layer = BlockDiagonalLinear(16, 24, num_blocks=4)
+    x = torch.randn(3, 5, 16)
+    batched = layer(x)  # autograd on: the bmm path
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        batched_autocast = layer(x)
+    with torch.no_grad():
+        direct = layer(x)  # slices of the output written by one GEMM per block
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fallback = layer(x)  # under autocast the bmm path again, with autocast's dtypes
+    torch.testing.assert_close(direct, batched.detach())
+    assert fallback.dtype == batched_autocast.dtype
+    torch.testing.assert_close(fallback, batched_autocast.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_len", [48, 200])  # the matmul DCT and the FFT-based DCT
+def test_operator_compiles_as_one_graph(max_len):
+    # aot_eager traces the whole operator (dynamo + AOTAutograd, forward and backward) in seconds; inductor
+    # compiles it too (docs/performance.md), but its C++ build takes minutes on a small CPU machine.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    op = OrchidOperator(8, max_len, filter_width=8)
+    compiled = torch.compile(op, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, max_len, 8, requires_grad=True)
+    mask = torch.ones(2, max_len)
+    mask[1, max_len // 2 :] = 0
+    expected = op(x, mask)
+    got = compiled(x, mask)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    got.square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, mask), expected.detach(), atol=1e-5, rtol=1e-5)
