@@ -308,6 +308,9 @@ def machine_info(threads: int, device: str = "cpu") -> dict:
                 info[key.strip()] = value
     except (OSError, subprocess.SubprocessError):
         pass
+    # Allocator and threading settings change CPU timings (page faults of fresh allocations): record them.
+    info["environment"] = {k: v for k, v in os.environ.items()
+                           if k.startswith(("MALLOC_", "GLIBC_TUNABLES", "OMP_", "MKL_", "THP_", "LD_PRELOAD"))}
     try:
         info["memory_total_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
@@ -594,6 +597,7 @@ def markdown_report(result: dict) -> str:
         f"torch {machine['torch']} with {cfg['threads']} thread(s); "
         f"transformers {machine.get('transformers', '?')}. Started {result['started']}, "
         f"load average {result['load'][0]} -> {result['load'][1]}.",
+        f"Environment: {' '.join(f'{k}={v}' for k, v in machine.get('environment', {}).items()) or 'defaults'}.",
         f"Command: `{result['command']}`",
         "",
         "Times are medians of interleaved repeats (ms); memory is the peak of tensor allocations during one call "
