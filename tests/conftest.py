@@ -20,3 +20,13 @@ def hf_modules_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("hf_modules")
     os.environ["HF_MODULES_CACHE"] = str(path)
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread: on two shared cores a second thread costs more in
+    synchronisation than it saves."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -6,20 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 
 from orchid_hf.synthetic_text import NEGATIVE, POSITIVE, make_corpus, make_sentiment_task, write_demo_data
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models train faster on one thread: the second costs more in synchronisation than it saves."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 ROOT = Path(__file__).resolve().parents[1]

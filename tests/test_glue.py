@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from datasets import Dataset
 from scipy.stats import pearsonr
 
@@ -28,14 +27,7 @@ from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.training import HubUnavailableError
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models train faster on one thread: the second costs more in synchronisation than it saves."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Table C.1 of the paper, Orchid-BERT-base and -large.

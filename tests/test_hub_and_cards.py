@@ -22,14 +22,7 @@ from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.training import HubUnavailableError
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models train faster on one thread: the second costs more in synchronisation than it saves."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SENTENCES = ["the soup at the kitchen was not good .", "anna said the song was wonderful ."]

@@ -20,14 +20,7 @@ from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.training import HubUnavailableError, load_model_config, parse_overrides, torch_weight_decay
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models train faster on one thread: the second costs more in synchronisation than it saves."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,filter_width=16"

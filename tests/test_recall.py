@@ -8,14 +8,7 @@ import torch.nn.functional as F
 
 from orchid_hf.recall import RecallConfig, RecallModel, check_answers, generate_batch, results_table, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: a second thread only adds synchronisation, which is slow on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("vocab_size,seq_len", [(20, 128), (30, 128), (40, 64), (4, 5), (20, 33)])
 def test_every_answer_is_the_query_keys_value(vocab_size, seq_len):

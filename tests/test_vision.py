@@ -35,15 +35,6 @@ from orchid_hf.vision import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import train_image  # noqa: E402
 
-
-@pytest.fixture
-def one_thread():
-    """Training tests run on one thread: on two shared cores, two threads are often slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 # ---------------------------------------------------------------------------------------------
 # Mixup / CutMix and the loss
 # ---------------------------------------------------------------------------------------------
