@@ -142,6 +142,16 @@ def feature_linear(in_features: int, out_features: int, num_blocks: int) -> nn.M
     return BlockDiagonalLinear(in_features, out_features, num_blocks)
 
 
+# In-place versions of activations, used where no gradient is recorded: the GLU then updates the
+# up-projection's output instead of allocating two more tensors of its size.
+INPLACE_ACTIVATIONS = {
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "relu": torch.relu_,
+    "silu": lambda x: nn.functional.silu(x, inplace=True),
+}
+
+
 class OrchidMLP(nn.Module):
     """The dimension mixer: ``W2 act(W1 x)``, or the GLU ``W2 (act(W1 x) * W1' x)`` of M2-BERT."""
 
@@ -152,13 +162,18 @@ class OrchidMLP(nn.Module):
         self.up_proj = feature_linear(config.hidden_size, up_features, config.mlp_num_blocks)
         self.down_proj = feature_linear(config.intermediate_size, config.hidden_size, config.mlp_num_blocks)
         self.act = ACT2FN[config.hidden_act]
+        self.inplace_act = INPLACE_ACTIVATIONS.get(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
         if self.is_glu:
             gate, value = hidden_states.chunk(2, dim=-1)
-            hidden_states = self.act(gate) * value
+            if self.inplace_act is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                # A strided view into the up-projection's output; the down-projection reads it as it is.
+                hidden_states = self.inplace_act(gate).mul_(value)
+            else:
+                hidden_states = self.act(gate) * value
         else:
             hidden_states = self.act(hidden_states)
         return self.dropout(self.down_proj(hidden_states))

@@ -78,19 +78,34 @@ def forward_transform(x: torch.Tensor, transform: str) -> torch.Tensor:
 def long_convolution(x: torch.Tensor, kernel: torch.Tensor, transform: str) -> torch.Tensor:
     """Global convolution of ``x`` (..., N) with a time-domain ``kernel`` broadcastable to it.
 
-    ``"fft"``: exact circular convolution, ``y[t] = sum_s kernel[(t - s) mod N] x[s]`` (Sec. 3.2).
-    ``"dct"``: the product in the DCT domain, the even-symmetric counterpart of App. C.2.
+    ``"fft"``: exact circular convolution, ``y[t] = sum_s kernel[(t - s) mod N] x[s]`` (Sec. 3.2); index n of
+    the kernel is the lag n mod N.
+    ``"dct"``: symmetric convolution, the DCT's counterpart (App. C.2; Martucci, 1994). Index m of the kernel is
+    the lag +-m of an even kernel, and x is extended by its mirror image instead of periodically:
+    ``y[t] = sum_s x[s] (kernel[|t - s|] + kernel[t + s + 1])``, where the second term, the reflection at the
+    start of the sequence, only reaches lags up to N - 1 (``kernel[m]`` reads ``kernel[2N - m]`` for m > N and 0
+    at m = N).
     """
     n = x.shape[-1]
     return apply_spectrum(x, kernel_spectrum(kernel, transform), transform, n)
 
 
-def kernel_spectrum(kernel: torch.Tensor, transform: str) -> torch.Tensor:
-    """The multiplier that makes :func:`apply_spectrum` convolve with ``kernel`` (Listing 1, ``h_0_f``)."""
-    if transform == "dct":
-        return dct(kernel)
-    # Unnormalised forward FFT paired with the unnormalised inverse: exactly circular convolution.
-    return torch.fft.rfft(kernel, dim=-1)
+def kernel_spectrum(kernel: torch.Tensor, transform: str, dim: int = -1) -> torch.Tensor:
+    """The multiplier that makes :func:`apply_spectrum` convolve with ``kernel`` (Listing 1, ``h_0_f``), the
+    kernel's samples along ``dim``.
+
+    ``"fft"``: the unnormalised real FFT, paired with the unnormalised inverse: exactly circular convolution.
+    ``"dct"``: the cosine transform of the kernel's even extension, ``H[k] = h[0] + 2 sum_m h[m] cos(pi k m / N)``.
+    Listing 1 multiplies by ``dct(h0)`` instead, which is not the spectrum of a convolution: an impulse
+    ``h0 = (1, 0, ...)`` would scale the signal by 1 / sqrt(2N) instead of keeping it.
+    """
+    if transform == "fft":
+        return torch.fft.rfft(kernel, dim=dim)
+    n = kernel.shape[dim]
+    # h[0] .. h[N-1], 0, h[N-1] .. h[1]: real and even over 2N samples, so its real FFT is real.
+    zero = torch.zeros_like(kernel.narrow(dim, 0, 1))
+    extension = torch.cat([kernel, zero, kernel.narrow(dim, 1, n - 1).flip(dim)], dim)
+    return torch.fft.rfft(extension, dim=dim).real.narrow(dim, 0, n)
 
 
 def apply_spectrum(x: torch.Tensor, spectrum: torch.Tensor, transform: str, n: int) -> torch.Tensor:
@@ -393,16 +408,18 @@ class Sin(nn.Module):
         return torch.sin(self.frequency * x)
 
 
-def circular_lags(n: int) -> torch.Tensor:
-    """Signed lag of each index of a circular kernel of length n: 0, 1, ..., then -n/2 ... -1."""
+def kernel_lags(n: int, transform: str) -> torch.Tensor:
+    """The lag of each index of a length-n kernel, as :func:`kernel_spectrum` reads it. FFT: the signed lags of a
+    circular kernel, 0, 1, ..., then -n/2 ... -1. DCT: 0 .. n-1, each standing for +-m of an even kernel."""
     index = torch.arange(n, dtype=torch.float32, device="cpu")
+    if transform == "dct":
+        return index
     return torch.where(index <= n // 2, index, index - n)
 
 
-def lag_embedding(n: int, emb_dim: int) -> torch.Tensor:
+def lag_embedding(n: int, emb_dim: int, transform: str) -> torch.Tensor:
     """PosEmb(t) of Remark 3.2: the lag itself and ``(emb_dim - 1) / 2`` sinusoid pairs, shape (n, emb_dim)."""
-    lags = circular_lags(n)
-    t = (lags / max(n, 1)).unsqueeze(-1)  # in [-1/2, 1/2]
+    t = (kernel_lags(n, transform) / max(n, 1)).unsqueeze(-1)  # in [-1/2, 1/2] (FFT) or [0, 1) (DCT)
     bands = (emb_dim - 1) // 2
     # Built on the CPU explicitly: transformers may construct the model under a meta-device context.
     frequencies = torch.linspace(1e-4, bands - 1, bands, device="cpu").unsqueeze(0)
@@ -414,18 +431,20 @@ def lag_embedding(n: int, emb_dim: int) -> torch.Tensor:
 
 
 class ImplicitLongFilter(nn.Module):
-    """A static long kernel ``h0 = FFN(PosEmb(t)) * decay(t)`` over the circular lags of the transform.
+    """A static long kernel ``h0 = FFN(PosEmb(t)) * decay(t)`` over the lags of the transform (Remark 3.2).
 
     The FFN is ``Linear -> Sin -> (Linear -> Sin) x depth -> Linear`` (Hyena's implicit filter); the
     exponential decay ``exp(-|t| * rate_c)`` spans fast to slow rates across channels, so that some
-    channels stay local and others reach the whole sequence. The lag is signed and circular: the kernel
-    looks both ways, as a bidirectional encoder should. ``skip`` is Hyena's ``D`` term, ``y += D * x``.
+    channels stay local and others reach the whole sequence. The kernel looks both ways, as a bidirectional
+    encoder should: under the FFT its lags are signed and circular, under the DCT they are 0 .. N-1 of an
+    even kernel (:func:`kernel_lags`). ``skip`` is Hyena's ``D`` term, ``y += D * x``.
     """
 
     def __init__(
         self,
         channels: int,
         length: int,
+        transform: str = "dct",
         emb_dim: int = 5,
         width: int = 64,
         depth: int = 1,
@@ -438,8 +457,11 @@ class ImplicitLongFilter(nn.Module):
         super().__init__()
         if emb_dim < 1 or width < 1:
             raise ValueError(f"implicit filter needs emb_dim >= 1 and width >= 1, got {emb_dim} and {width}")
+        if transform not in TRANSFORMS:
+            raise ValueError(f"transform must be one of {TRANSFORMS}, got {transform!r}")
         self.channels = channels
         self.length = length
+        self.transform = transform
         self.emb_dim = emb_dim
         self.sin_frequency = sin_frequency
         self.decay = decay
@@ -457,7 +479,7 @@ class ImplicitLongFilter(nn.Module):
         self.register_buffer("envelope", self.make_envelope(), persistent=False)
 
     def make_lag_features(self) -> torch.Tensor:
-        return lag_embedding(self.length, self.emb_dim)
+        return lag_embedding(self.length, self.emb_dim, self.transform)
 
     def make_envelope(self) -> torch.Tensor:
         """exp(-|t| * rate_c), (length, channels); |t| is the lag over the kernel length, so the decay
@@ -465,25 +487,22 @@ class ImplicitLongFilter(nn.Module):
         if not self.decay:
             return torch.ones(self.length, self.channels, device="cpu")
         rates = torch.linspace(*self.decay_rates, self.channels, device="cpu")
-        return torch.exp(-circular_lags(self.length).abs().unsqueeze(-1) / max(self.length, 1) * rates)
+        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1)
+        return torch.exp(-lags / max(self.length, 1) * rates)
 
     def forward(self) -> torch.Tensor:
         """The kernel in the time domain, shape (channels, length)."""
         return (self.ffn(self.lag_features) * self.envelope).transpose(0, 1)
 
-    def spectrum(self, transform: str, dtype: torch.dtype) -> torch.Tensor:
-        """The multiplier of ``h0 * x + skip * x`` in ``dtype``: both transforms are linear and orthogonal up
-        to scale, so the skip term is the constant ``skip`` added to the kernel's spectrum."""
-        return kernel_spectrum(self().to(dtype), transform) + self.skip.to(dtype)[:, None]
+    def spectrum(self, dtype: torch.dtype) -> torch.Tensor:
+        """The multiplier of ``h0 * x + skip * x`` in ``dtype``, (channels, length or length // 2 + 1): the
+        skip term is an impulse of height ``skip``, whose spectrum is that constant under both transforms."""
+        return kernel_spectrum(self().to(dtype), self.transform) + self.skip.to(dtype)[:, None]
 
-    def spectrum_seq(self, transform: str, dtype: torch.dtype) -> torch.Tensor:
+    def spectrum_seq(self, dtype: torch.dtype) -> torch.Tensor:
         """:meth:`spectrum` transposed, (length or length // 2 + 1, channels): the operator's layout."""
         kernel = (self.ffn(self.lag_features) * self.envelope).to(dtype)  # (length, channels)
-        if transform == "dct":
-            multiplier = dct_seq(kernel.unsqueeze(0), self.length)[0]
-        else:
-            multiplier = torch.fft.rfft(kernel, dim=0)
-        return multiplier + self.skip.to(dtype)
+        return kernel_spectrum(kernel, self.transform, dim=0) + self.skip.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -633,9 +652,8 @@ class OrchidOperator(nn.Module):
 
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.short_conv = ShortConv1d(3 * d_model, short_conv_size, short_padding)
-        self.static_filter = ImplicitLongFilter(
-            d_model, max_len, filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay
-        )
+        filter_settings = (transform, filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay)
+        self.static_filter = ImplicitLongFilter(d_model, max_len, *filter_settings)
         self.conditioning = (
             ConditioningNetwork(
                 d_model,
@@ -650,13 +668,7 @@ class OrchidOperator(nn.Module):
             if data_dependent
             else None
         )
-        self.residual_filter = (
-            ImplicitLongFilter(
-                d_model, max_len, filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay
-            )
-            if residual_long_conv
-            else None
-        )
+        self.residual_filter = ImplicitLongFilter(d_model, max_len, *filter_settings) if residual_long_conv else None
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self._spectrum_cache: dict = {}
 
@@ -749,7 +761,7 @@ class OrchidOperator(nn.Module):
         it is computed once and reused until a parameter of the filter changes: eval mode pays for the
         filter's FFN and transform once, not on every call."""
         def compute():
-            return prepare_multiplier(long_filter.spectrum_seq(self.transform, dtype), self.transform, self.max_len)
+            return prepare_multiplier(long_filter.spectrum_seq(dtype), self.transform, self.max_len)
 
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return compute()

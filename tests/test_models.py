@@ -368,3 +368,19 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
         model(torch.randn(1, 1, 16, 16))
     with pytest.raises(ValueError, match="pass pixel_values"):
         model()
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh", "relu", "silu"])
+@pytest.mark.parametrize("mlp_num_blocks", [1, 4])
+def test_inference_forward_equals_the_autograd_forward(hidden_act, mlp_num_blocks):
+    # Without gradients the GLU updates its up-projection in place and the block-diagonal layers write straight
+    # into their outputs; the result must not differ from the path autograd records.
+    torch.manual_seed(0)
+    config = tiny_text_config(hidden_act=hidden_act, mlp_type="glu", mlp_num_blocks=mlp_num_blocks)
+    model = OrchidModel(config).eval()
+    input_ids = torch.randint(0, config.vocab_size, (3, 20))
+    with torch.no_grad():
+        inference = model(input_ids).last_hidden_state
+    recorded = model(input_ids).last_hidden_state
+    assert recorded.requires_grad
+    torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)

@@ -8,10 +8,13 @@ import torch
 import torch.nn.functional as F
 from orchid_hf.modeling.orchid_layers import (
     CONDITIONING_ACTIVATIONS,
+    ImplicitLongFilter,
     apply_spectrum,
+    convolve_seq,
     dct,
     idct,
     long_convolution,
+    prepare_multiplier,
 )
 
 from orchid_hf import BlockDiagonalLinear, OrchidOperator
@@ -29,6 +32,22 @@ def direct_circular_convolution(x: np.ndarray, h: np.ndarray) -> np.ndarray:
     return y
 
 
+def direct_symmetric_convolution(x: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """y[t] = sum_s x[s] (h_e[t - s] + h_e[t + s + 1]): x mirrored about its start, convolved with the even kernel
+    h_e[m] = h[|m|] for |m| < N, h_e[N] = 0, period 2N. The O(N^2) definition of the DCT's convolution."""
+    n = x.shape[-1]
+
+    def even(m):
+        m = m % (2 * n)
+        return np.zeros_like(h[..., 0]) if m == n else h[..., min(m, 2 * n - m)]
+
+    y = np.zeros_like(x)
+    for t in range(n):
+        for s in range(n):
+            y[..., t] += (even(t - s) + even(t + s + 1)) * x[..., s]
+    return y
+
+
 # ---------------------------------------------------------------------------------------------
 # Transforms and the long convolution
 # ---------------------------------------------------------------------------------------------
@@ -41,6 +60,59 @@ def test_fft_long_convolution_equals_direct_circular_convolution(n):
     expected = direct_circular_convolution(x.double().numpy(), h.double().numpy())
     got = long_convolution(x, h, "fft").double().numpy()
     np.testing.assert_allclose(got, expected, atol=1e-5 * max(1.0, np.abs(expected).max()), rtol=0)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_dct_long_convolution_equals_direct_symmetric_convolution(n):
+    x = torch.randn(2, 3, n, dtype=torch.float64)
+    h = torch.randn(3, n, dtype=torch.float64)
+    expected = direct_symmetric_convolution(x.numpy(), h.numpy())
+    np.testing.assert_allclose(long_convolution(x, h, "dct").numpy(), expected, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_kernels_keep_their_gain_under_both_transforms(transform):
+    # An impulse is the identity and a kernel at lag +-1 averages the neighbours with weight h[1], for both
+    # transforms alike (inside the sequence; the DCT reflects at its start, the FFT wraps around).
+    n = 16
+    x = torch.randn(3, n, dtype=torch.float64)
+    impulse = torch.zeros(n, dtype=torch.float64)
+    impulse[0] = 1.0
+    torch.testing.assert_close(long_convolution(x, impulse, transform), x, atol=1e-12, rtol=0)
+    neighbours = torch.zeros(n, dtype=torch.float64)
+    neighbours[1] = 0.5
+    if transform == "fft":
+        neighbours[-1] = 0.5  # lag -1 of a circular kernel
+    y = long_convolution(x, neighbours, transform)
+    torch.testing.assert_close(y[:, 1:-1], 0.5 * (x[:, :-2] + x[:, 2:]), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("n", [17, 128, 129, 300])
+def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
+    # The operator's path (sequence axis; one GEMM for the DCT up to 128, Makhoul's algorithm beyond) against a
+    # direct convolution with the filter's own kernel h0 plus the skip term.
+    long_filter = ImplicitLongFilter(3, n, transform).double()
+    with torch.no_grad():
+        long_filter.ffn[-1].weight.mul_(10.0)  # a kernel well above the skip term, so a wrong one shows
+    x = torch.randn(2, n - 3, 3, dtype=torch.float64)
+    multiplier = prepare_multiplier(long_filter.spectrum_seq(torch.float64), transform, n)
+    got = convolve_seq(x, multiplier, transform, n, prepared=True)
+    padded = np.pad(x.transpose(1, 2).numpy(), ((0, 0), (0, 0), (0, 3)))
+    kernel = long_filter().detach().numpy()
+    direct = direct_symmetric_convolution if transform == "dct" else direct_circular_convolution
+    expected = direct(padded, kernel) + long_filter.skip.detach().numpy()[:, None] * padded
+    np.testing.assert_allclose(got.detach().transpose(1, 2).numpy(), expected[..., : n - 3], atol=1e-9, rtol=0)
+
+
+def test_dct_filter_lags_run_forward_and_decay():
+    # Under the DCT, index m of the kernel is the lag +-m: the envelope must decay along the whole kernel,
+    # not rise again towards its end as the circular FFT layout does.
+    dct_filter, fft_filter = ImplicitLongFilter(4, 64, "dct"), ImplicitLongFilter(4, 64, "fft")
+    assert torch.all(dct_filter.envelope[1:] < dct_filter.envelope[:-1])
+    assert fft_filter.envelope[-1, 0] > fft_filter.envelope[32, 0]
+    with pytest.raises(ValueError, match="transform"):
+        ImplicitLongFilter(4, 64, "dst")
 
 
 @pytest.mark.parametrize("n", LENGTHS)
@@ -146,6 +218,46 @@ def test_fft_operator_matches_direct_reference(conditioning):
     op = OrchidOperator(4, 12, transform="fft", conditioning=conditioning).double()
     x = torch.randn(1, 12, 4, dtype=torch.float64)
     np.testing.assert_allclose(op(x)[0].detach().numpy(), reference_operator(op, x), atol=1e-9, rtol=0)
+
+
+def reference_dct_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
+    """The DCT-mode operator with Type I conditioning written out with explicit cosine sums and a direct symmetric
+    convolution, for one sequence of length L <= N = max_len (zero-padded to N)."""
+    d, n, length = op.d_model, op.max_len, x.shape[1]
+    to_np = lambda t: t.detach().double().numpy()  # noqa: E731
+    xs = to_np(x[0]).T  # (d, L)
+    z = to_np(op.in_proj.weight) @ xs + to_np(op.in_proj.bias)[:, None]
+    conv = op.short_conv.conv
+    gated = _zero_padded_depthwise(z, to_np(conv.weight)[:, 0], to_np(conv.bias))
+    s1, s2, v = gated[:d], gated[d : 2 * d], gated[2 * d :]
+    k, t = np.arange(n)[:, None], np.arange(length)[None, :]
+    scale = np.where(k == 0, np.sqrt(1 / n), np.sqrt(2 / n))
+    dct_matrix = scale * np.cos(np.pi * (2 * t + 1) * k / (2 * n))  # (N, L): orthonormal DCT-II of x padded to N
+    key = z[2 * d :]  # the conditioning network reads v before the short convolution
+    for layer in op.conditioning.time_conv.layers:
+        key = _zero_padded_depthwise(key, to_np(layer.conv.weight)[:, 0], to_np(layer.conv.bias))
+    h_theta = np.abs(key @ dct_matrix.T)  # (d, N)
+    for layer in op.conditioning.freq_conv.layers:
+        h_theta = _zero_padded_depthwise(h_theta, to_np(layer.conv.weight)[:, 0], to_np(layer.conv.bias))
+    h0 = to_np(op.static_filter())  # (d, N), lags 0 .. N-1 of an even kernel
+    lags = np.arange(1, n)[None, :]
+    h0_spectrum = h0[:, :1] + 2 * h0[:, 1:] @ np.cos(np.pi * np.arange(n)[:, None] * lags / n).T
+    multiplier = h0_spectrum + to_np(op.static_filter.skip)[:, None] + h_theta
+    y = (((s1 * v) @ dct_matrix.T) * multiplier) @ dct_matrix * s2
+    padded = np.pad(xs, ((0, 0), (0, n - length)))
+    residual = direct_symmetric_convolution(padded, to_np(op.residual_filter()))[:, :length]
+    y = y + residual + to_np(op.residual_filter.skip)[:, None] * xs
+    return (to_np(op.out_proj.weight) @ y + to_np(op.out_proj.bias)[:, None]).T
+
+
+@pytest.mark.parametrize("length", [9, 12])
+def test_dct_operator_matches_direct_reference(length):
+    op = OrchidOperator(4, 12, transform="dct", conditioning="abs").double()
+    with torch.no_grad():
+        for long_filter in (op.static_filter, op.residual_filter):
+            long_filter.ffn[-1].weight.mul_(10.0)  # kernels well above the skip terms, so a wrong one shows
+    x = torch.randn(1, length, 4, dtype=torch.float64)
+    np.testing.assert_allclose(op(x)[0].detach().numpy(), reference_dct_operator(op, x), atol=1e-9, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
