@@ -11,8 +11,9 @@ Models, all of width 64 and depth 2 by default and trained the same way:
 - ``orchid``: token embedding -> n x [pre-LayerNorm Orchid operator + residual, pre-LayerNorm MLP + residual]
   -> LayerNorm -> linear head, with the library's :class:`OrchidOperator` (static kernel h0 + data-dependent h_theta);
 - ``static``: the same network with ``data_dependent=False``, the static implicit kernel only (Hyena / CKConv);
-- ``transformer``: the same skeleton with bidirectional multi-head self-attention (``nn.TransformerEncoderLayer``,
-  pre-norm, 4 heads) and learned position embeddings, which attention needs and convolutions do not.
+- ``transformer``: the same skeleton with bidirectional multi-head self-attention (pre-norm, 4 heads) and
+  position information, which attention needs and convolutions do not: rotary embeddings (RoPE, the default) or
+  learned absolute position embeddings added to the tokens (``transformer_positions="learned"``).
 
 The loss is cross-entropy on the query position only.
 """
@@ -32,6 +33,7 @@ from torch import nn
 from .modeling.orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, TRANSFORMS, OrchidOperator
 
 MODELS = ("orchid", "static", "transformer")
+TRANSFORMER_POSITIONS = ("rope", "learned")
 # App. C.2: spatial then spectral (Eq. 2), two spatial layers only, two spectral layers only.
 CONDITIONING_LAYOUTS = {"spatial+spectral": (1, 1), "spatial": (2, 0), "spectral": (0, 2)}
 
@@ -102,6 +104,7 @@ class RecallConfig:
     n_layers: int = 2
     mlp_ratio: int = 4
     n_heads: int = 4
+    transformer_positions: str = "rope"
     transform: str = "dct"
     conditioning: str = "abs"
     activation: str = "identity"
@@ -130,6 +133,7 @@ class RecallConfig:
             "conditioning": (self.conditioning, CONDITIONINGS),
             "activation": (self.activation, CONDITIONING_ACTIVATIONS),
             "conditioning_layout": (self.conditioning_layout, tuple(CONDITIONING_LAYOUTS)),
+            "transformer_positions": (self.transformer_positions, TRANSFORMER_POSITIONS),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
@@ -144,8 +148,11 @@ class RecallConfig:
             raise ValueError(
                 f"warmup_steps and weight_decay must be >= 0, got {self.warmup_steps} and {self.weight_decay}"
             )
-        if self.model == "transformer" and self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.model == "transformer" and self.d_model % (2 * self.n_heads):
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by 2 * n_heads={2 * self.n_heads} "
+                "(rotary embeddings rotate pairs of each head's features)"
+            )
 
     def operator_settings(self) -> dict:
         time_layers, freq_layers = CONDITIONING_LAYOUTS[self.conditioning_layout]
@@ -217,6 +224,45 @@ class OrchidBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def rotary_tables(
+    length: int, head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of RoPE's angles ``t * base^(-2i / head_dim)``, each (length, head_dim // 2)."""
+    frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * frequencies
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, heads, L, head_dim): feature pairs (2i, 2i + 1) rotated by their position's angle."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+class AttentionBlock(nn.Module):
+    """Pre-norm residual block: bidirectional multi-head self-attention (rotary positions), then the MLP."""
+
+    def __init__(self, config: RecallConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.out = nn.Linear(config.d_model, config.d_model)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config.d_model, config.mlp_ratio)
+        cos, sin = rotary_tables(config.seq_len, config.d_model // config.n_heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        cos, sin = self.cos[:length], self.sin[:length]
+        attended = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v)
+        x = x + self.out(attended.transpose(1, 2).reshape(batch, length, width))
+        return x + self.mlp(self.norm2(x))
+
+
 class RecallModel(nn.Module):
     """Embedding -> blocks -> LayerNorm -> head; returns the logits at the last (query) position only."""
 
@@ -226,7 +272,10 @@ class RecallModel(nn.Module):
         self.config = config
         vocab = config.vocab_size + 1  # + the start token
         self.embedding = nn.Embedding(vocab, config.d_model)
-        if config.model == "transformer":
+        self.position = None
+        if config.model == "transformer" and config.transformer_positions == "rope":
+            self.blocks = nn.ModuleList(AttentionBlock(config) for _ in range(config.n_layers))
+        elif config.model == "transformer":
             # Same scale as the token embedding (nn.Embedding draws N(0, 1)): position embeddings 50x smaller
             # (std 0.02) left the Transformer on the most-frequent-value plateau for all 1500 steps we ran.
             self.position = nn.Parameter(torch.randn(config.seq_len, config.d_model))
@@ -243,7 +292,6 @@ class RecallModel(nn.Module):
                 for _ in range(config.n_layers)
             )
         else:
-            self.position = None
             self.blocks = nn.ModuleList(OrchidBlock(config) for _ in range(config.n_layers))
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, vocab)
@@ -379,6 +427,9 @@ PAPER_NAMES = {"orchid": "Orchid", "static": "Hyena", "transformer": "Transforme
 
 def describe(config: dict) -> str:
     """A short label of a run's model and its non-default ablation settings."""
+    if config["model"] == "transformer":
+        # Runs recorded before rotary embeddings existed used learned positions.
+        return f"transformer / {config.get('transformer_positions', 'learned')} positions"
     if config["model"] != "orchid":
         return config["model"]
     parts = ["orchid", config["transform"], config["conditioning"]]

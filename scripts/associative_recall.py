@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq_len", type=int, default=128)
     parser.add_argument("--d_model", type=int, default=64)
     parser.add_argument("--n_layers", type=int, default=2)
+    parser.add_argument("--transformer_positions", default="rope", choices=("rope", "learned"),
+                        help="transformer only: rotary embeddings or learned absolute position embeddings")
     parser.add_argument("--conditioning", default="abs", help="abs (Type I, Eq. 2) or xcorr (Type II, Eq. 4)")
     parser.add_argument("--activation", default="identity", help="sigma of Type II: identity, sigmoid, tanh, ...")
     parser.add_argument("--transform", default="dct", help="dct or fft")

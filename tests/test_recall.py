@@ -6,7 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orchid_hf.recall import RecallConfig, RecallModel, check_answers, generate_batch, results_table, train
+from orchid_hf.recall import (
+    RecallConfig,
+    RecallModel,
+    check_answers,
+    generate_batch,
+    results_table,
+    rotary_tables,
+    rotate,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,14 +54,32 @@ def test_bad_sizes_name_the_field():
         RecallConfig(vocab_size=21).validate()
     with pytest.raises(ValueError, match="model must be one of"):
         RecallConfig(model="mamba").validate()
-    with pytest.raises(ValueError, match="d_model=60 must be divisible by n_heads=8"):
+    with pytest.raises(ValueError, match="d_model=60 must be divisible by 2 \\* n_heads=16"):
         RecallConfig(model="transformer", d_model=60, n_heads=8).validate()
+    with pytest.raises(ValueError, match="transformer_positions must be one of"):
+        RecallConfig(model="transformer", transformer_positions="alibi").validate()
 
 
-@pytest.mark.parametrize("model", ["orchid", "static", "transformer"])
-def test_a_few_steps_reduce_the_loss(model):
+def test_rotary_attention_scores_depend_only_on_the_offset():
+    # RoPE's defining property: <R_i q, R_j k> depends on i - j only, so shifting both positions keeps the score.
+    cos, sin = rotary_tables(32, 8, dtype=torch.float64)
+    q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+
+    def score(i, j):
+        return (rotate(q, cos[i], sin[i]) * rotate(k, cos[j], sin[j])).sum()
+
+    torch.testing.assert_close(score(3, 7), score(20, 24), atol=1e-12, rtol=0)
+    assert not torch.isclose(score(3, 7), score(3, 8))
+
+
+@pytest.mark.parametrize(
+    "model,positions", [("orchid", "rope"), ("static", "rope"), ("transformer", "rope"), ("transformer", "learned")]
+)
+def test_a_few_steps_reduce_the_loss(model, positions):
     torch.manual_seed(0)
-    config = RecallConfig(model=model, vocab_size=8, seq_len=16, d_model=16, mlp_ratio=2)
+    config = RecallConfig(
+        model=model, vocab_size=8, seq_len=16, d_model=16, mlp_ratio=2, transformer_positions=positions
+    )
     net = RecallModel(config)
     inputs, targets = generate_batch(32, 8, 16, torch.Generator().manual_seed(4))
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
