@@ -763,7 +763,9 @@ class OrchidOperator(nn.Module):
         def compute():
             return prepare_multiplier(long_filter.spectrum_seq(dtype), self.transform, self.max_len)
 
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        # Parameters created under inference_mode have no version counter to tell their updates apart.
+        uncacheable = any(p.is_inference() for p in long_filter.parameters())
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or uncacheable:
             return compute()
         key = (dtype, MATMUL_DCT_MAX_LEN, *self._cache_key(long_filter))
         cached = self._spectrum_cache.get(name)

@@ -423,6 +423,16 @@ def test_static_spectrum_cache_follows_parameter_updates():
     torch.testing.assert_close(updated, op(x).detach())  # grad-enabled path, no cache
 
 
+def test_operator_built_under_inference_mode_runs_and_follows_updates():
+    # Its parameters are inference tensors, which have no version counter to key the spectrum cache on.
+    with torch.inference_mode():
+        op = OrchidOperator(4, 16).eval()
+        x = torch.randn(1, 16, 4)
+        before = op(x)
+        op.static_filter.skip.add_(1.0)
+        assert not torch.allclose(op(x), before)
+
+
 def test_static_kernel_only_mode_has_no_conditioning_network():
     op = OrchidOperator(4, 16, data_dependent=False)
     assert op.conditioning is None
