@@ -341,6 +341,16 @@ def convolve_seq(
 # Short convolutions
 # ---------------------------------------------------------------------------------------------
 
+# The operator mixes groups of channels of about this many elements per (B, N, group) tensor in turn
+# (2 MiB in float32), and never fewer channels than the minimum, which keeps the GEMMs and vector loops wide.
+CHANNEL_GROUP_ELEMENTS = 2**19
+MIN_CHANNEL_GROUP = 32
+
+# Every step between the operator's projections acts on each channel alone, so its modules accept a subset
+# of their channels: a slice, or an index tensor for the three gates of the input projection.
+Channels = slice | torch.Tensor
+ALL_CHANNELS = slice(None)
+
 
 class ShortConv1d(nn.Module):
     """Depthwise Conv1d along the sequence, centred (a bidirectional encoder sees both neighbours).
@@ -359,19 +369,20 @@ class ShortConv1d(nn.Module):
         self.padding_mode = padding_mode
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=bias)
 
-    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wrap: bool = True, channels: Channels = ALL_CHANNELS) -> torch.Tensor:
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even in circular mode: a sequence shorter
-        than the transform is zero-padded to it, so its circle closes over zeros."""
+        than the transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an
+        index tensor) says which of the layer's channels x holds."""
         pad = self.kernel_size // 2
         # Weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight = self.conv.weight.to(x.dtype).unsqueeze(2)  # (C, 1, 1, k)
-        bias = None if self.conv.bias is None else self.conv.bias.to(x.dtype)
+        weight = self.conv.weight[channels].to(x.dtype).unsqueeze(2)  # (C, 1, 1, k)
+        bias = None if self.conv.bias is None else self.conv.bias[channels].to(x.dtype)
         image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
         padding = (0, pad)
         if pad and wrap and self.padding_mode == "circular" and x.shape[1] >= pad:
             image = F.pad(image, (pad, pad, 0, 0), mode="circular")
             padding = (0, 0)
-        out = F.conv2d(image, weight, bias, padding=padding, groups=self.conv.groups)
+        out = F.conv2d(image, weight, bias, padding=padding, groups=weight.shape[0])
         return out.squeeze(2).transpose(1, 2)
 
 
@@ -386,9 +397,11 @@ class ShortConvStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ShortConv1d(channels, kernel_size, padding_mode) for _ in range(depth))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True, channels: Channels = ALL_CHANNELS
+    ) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x if mask is None else x * mask, wrap)
+            x = layer(x if mask is None else x * mask, wrap, channels)
         return x
 
 
@@ -555,15 +568,19 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvStack(channels, time_kernel_size, time_layers, time_padding)
         self.freq_conv = ShortConvStack(channels, freq_kernel_size, freq_layers, "zeros")
 
-    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: Channels = ALL_CHANNELS
+    ) -> torch.Tensor:
         """u: (B, L, C) with masked positions zero, mask (B, L, 1) or None; the spectrum of the kernel for
-        transform length n >= L, (B, n, C) for the DCT and (B, n // 2 + 1, C) for the FFT."""
+        transform length n >= L, (B, n, C) for the DCT and (B, n // 2 + 1, C) for the FFT. Each channel is
+        independent: ``channels`` says which of the network's channels u holds."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
-        key = self._time_features(self.time_conv, u, mask, wrap)
+        key = self._time_features(self.time_conv, u, mask, wrap, channels)
         if self.conditioning == "abs":
-            return self.freq_conv(transform_seq(key, n, self.transform, magnitude=True))
+            return self.freq_conv(transform_seq(key, n, self.transform, magnitude=True), channels=channels)
         key_spectrum = transform_seq(key, n, self.transform)
-        query_spectrum = transform_seq(self._time_features(self.query_conv, u, mask, wrap), n, self.transform)
+        query = self._time_features(self.query_conv, u, mask, wrap, channels)
+        query_spectrum = transform_seq(query, n, self.transform)
         if self.activation != "identity":
             magnitude = query_spectrum.abs()
             query_spectrum = query_spectrum * (
@@ -572,14 +589,15 @@ class ConditioningNetwork(nn.Module):
         product = key_spectrum.conj() * query_spectrum
         if torch.is_complex(product):
             # Real depthwise convolution over frequency, on the real and imaginary parts alike.
-            return torch.complex(self.freq_conv(product.real), self.freq_conv(product.imag))
-        return self.freq_conv(product)
+            real = self.freq_conv(product.real, channels=channels)
+            return torch.complex(real, self.freq_conv(product.imag, channels=channels))
+        return self.freq_conv(product, channels=channels)
 
     @staticmethod
     def _time_features(
-        stack: ShortConvStack, u: torch.Tensor, mask: torch.Tensor | None, wrap: bool
+        stack: ShortConvStack, u: torch.Tensor, mask: torch.Tensor | None, wrap: bool, channels: Channels
     ) -> torch.Tensor:
-        features = stack(u, mask, wrap)
+        features = stack(u, mask, wrap, channels)
         return features if mask is None else features * mask
 
 
@@ -685,45 +703,83 @@ class OrchidOperator(nn.Module):
         h_theta(v) (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
         """
         batch, length = self._check_input("x", x, attention_mask)
+        if conditioning_input is not None:
+            conditioning_batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
+            if conditioning_batch != batch:
+                raise ValueError(f"conditioning_input has batch size {conditioning_batch}, x has {batch}")
         mask = self._mask(attention_mask, x.dtype)  # (B, L, 1) or None
+        # Transforms in float32 at least: torch.fft has no bfloat16, and fp16 only for powers of two.
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            # Multipliers in the layout the convolution consumes (pairs for the FFT-based DCT).
+            static = self._filter_spectrum("static", self.static_filter, compute_dtype)
+            residual = None
+            if self.residual_filter is not None:
+                residual = self._filter_spectrum("residual", self.residual_filter, compute_dtype)
+        # Everything between the two projections acts on each channel alone. Groups of channels whose
+        # intermediates stay small run one after the other: their tensors stay in cache, and the allocator
+        # reuses their memory instead of mapping fresh pages (a 16K x 768 float32 tensor is 48 MiB).
+        mixed = [
+            self._mix_channels(x, channels, mask, static, residual, conditioning_input, conditioning_mask)
+            for channels in self.channel_groups(batch)
+        ]
+        y = mixed[0] if len(mixed) == 1 else torch.cat(mixed, dim=-1)
+        return self.out_proj(y.to(x.dtype))
+
+    def channel_groups(self, batch: int) -> list[slice]:
+        """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels."""
+        width = CHANNEL_GROUP_ELEMENTS // (batch * self.max_len) // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP
+        width = max(width, MIN_CHANNEL_GROUP)
+        if width >= self.d_model:
+            return [ALL_CHANNELS]
+        return [slice(start, min(start + width, self.d_model)) for start in range(0, self.d_model, width)]
+
+    def _mix_channels(
+        self,
+        x: torch.Tensor,
+        channels: slice,
+        mask: torch.Tensor | None,
+        static: torch.Tensor,
+        residual: torch.Tensor | None,
+        conditioning_input: torch.Tensor | None,
+        conditioning_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``s2 * (h * (s1 * v)) [+ h_res * x]`` for the given channels, masked: (B, L, channels)."""
         n = self.max_len
         # A sequence shorter than the transform is zero-padded to it (inside the transforms, never
         # materialised): its circle closes over zeros, so circular padding becomes zero padding.
-        wrap = length == n
+        wrap = x.shape[1] == n
         # In-place updates below touch only fresh tensors that no backward formula keeps; products with
         # tensors that need gradients stay out of place while autograd records.
         grad = torch.is_grad_enabled()
-
-        projected = self._masked(self.in_proj(x), mask, inplace=True)  # (B, L, 3d)
-
-        # Transforms in float32 at least: torch.fft has no bfloat16, and fp16 only for powers of two.
+        rows = self._projection_rows(channels)  # in_proj's rows of s1, s2 and v for these channels
+        projected = self._masked(F.linear(x, *self._rows_of(self.in_proj, rows)), mask, inplace=True)
+        width = projected.shape[-1] // 3
         compute_dtype = torch.promote_types(x.dtype, torch.float32)
         # The kernel first: h_theta reads v before the short convolution, and building it before the
         # convolution's output exists lowers the peak memory of a call by about a quarter.
         with torch.autocast(device_type=x.device.type, enabled=False):
-            # Multipliers in the layout the convolution consumes (pairs for the FFT-based DCT).
-            spectrum = self._filter_spectrum("static", self.static_filter, compute_dtype)
+            spectrum = static[..., channels]
             if self.conditioning is not None:
-                data = self._data_spectrum(x, projected, mask, conditioning_input, conditioning_mask, compute_dtype)
+                data = self._data_spectrum(
+                    projected[..., 2 * width :], mask, channels, conditioning_input, conditioning_mask, compute_dtype
+                )
                 data = prepare_multiplier(data, self.transform, n)
                 # The frequency convolution or gather that made `data` keeps its input, not its output.
                 spectrum = data.add_(spectrum) if data.dtype == spectrum.dtype else data + spectrum
 
-        gated = self.short_conv(projected, wrap)
+        gated = self.short_conv(projected, wrap, rows)
         del projected
-        s1, s2, v = gated.split(self.d_model, dim=-1)
+        s1, s2, v = gated.split(width, dim=-1)
         with torch.autocast(device_type=x.device.type, enabled=False):
             u = self._masked((s1 * v).to(compute_dtype), mask, inplace=True)
             y = convolve_seq(u, spectrum, self.transform, n, prepared=True)
             y = y * s2 if grad else y.mul_(s2)
-            if self.residual_filter is not None:
-                block_input = self._masked(x.to(compute_dtype), mask)  # never in place: x is the caller's
-                residual_spectrum = self._filter_spectrum("residual", self.residual_filter, compute_dtype)
-                y = convolve_seq(
-                    block_input, residual_spectrum, self.transform, n, accumulate=y, prepared=True
-                )
-            y = self._masked(y, mask, inplace=True)
-        return self.out_proj(y.to(x.dtype))
+            if residual is not None:
+                # Never in place: x is the caller's. A group of channels is copied out of x to be contiguous.
+                block_input = self._masked(x[..., channels].to(compute_dtype).contiguous(), mask)
+                y = convolve_seq(block_input, residual[..., channels], self.transform, n, accumulate=y, prepared=True)
+            return self._masked(y, mask, inplace=True)
 
     # -- helpers, in the order forward uses them --------------------------------------------------
 
@@ -763,10 +819,10 @@ class OrchidOperator(nn.Module):
         def compute():
             return prepare_multiplier(long_filter.spectrum_seq(dtype), self.transform, self.max_len)
 
-        # Parameters created under inference_mode have no version counter to tell their updates apart.
-        uncacheable = any(p.is_inference() for p in long_filter.parameters())
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or uncacheable:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return compute()
+        if any(p.is_inference() for p in long_filter.parameters()):
+            return compute()  # made under inference_mode: no version counter tells their updates apart
         key = (dtype, MATMUL_DCT_MAX_LEN, *self._cache_key(long_filter))
         cached = self._spectrum_cache.get(name)
         if cached is None or cached[0] != key:
@@ -774,23 +830,39 @@ class OrchidOperator(nn.Module):
             self._spectrum_cache[name] = cached
         return cached[1]
 
-    def _data_spectrum(self, x, projected, mask, conditioning_input, conditioning_mask, dtype) -> torch.Tensor:
-        """h_theta^F of v, or of the cross-conditioning sequence u projected like v (Remark 3.3)."""
-        if conditioning_input is None:
-            source, source_mask = projected[..., 2 * self.d_model :], mask
-        else:
-            batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
-            if batch != x.shape[0]:
-                raise ValueError(f"conditioning_input has batch size {batch}, x has {x.shape[0]}")
-            weight, bias = self.in_proj.weight[2 * self.d_model :], None
-            if self.in_proj.bias is not None:
-                bias = self.in_proj.bias[2 * self.d_model :]
+    def _projection_rows(self, channels: slice) -> Channels:
+        """The rows of in_proj (and of the short convolution) that hold s1, s2 and v of these channels."""
+        if channels == ALL_CHANNELS:
+            return ALL_CHANNELS
+        index = torch.arange(channels.start, channels.stop, device=self.in_proj.weight.device)
+        return torch.cat([index, index + self.d_model, index + 2 * self.d_model])
+
+    @staticmethod
+    def _rows_of(linear: nn.Linear, rows: Channels) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Weight and bias of the outputs ``rows`` of a linear layer."""
+        return linear.weight[rows], None if linear.bias is None else linear.bias[rows]
+
+    def _data_spectrum(
+        self,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        channels: slice,
+        conditioning_input: torch.Tensor | None,
+        conditioning_mask: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """h_theta^F of v, or of the cross-conditioning sequence u projected like v (Remark 3.3), for the
+        given channels."""
+        source, source_mask = value, mask
+        if conditioning_input is not None:
+            rows = range(self.d_model)[channels]
+            rows = slice(2 * self.d_model + rows.start, 2 * self.d_model + rows.stop)
             # Zero-padded to the transform length, which Remark 3.3 reads as interpolation in frequency.
-            source = F.linear(conditioning_input, weight, bias)
+            source = F.linear(conditioning_input, *self._rows_of(self.in_proj, rows))
             source_mask = self._mask(conditioning_mask, source.dtype)
             source = self._masked(source, source_mask, inplace=True)
         source_mask = None if source_mask is None else source_mask.to(dtype)
-        return self.conditioning(source.to(dtype), self.max_len, source_mask)
+        return self.conditioning(source.to(dtype), self.max_len, source_mask, channels)
 
     @staticmethod
     def _cache_key(module: nn.Module) -> tuple:

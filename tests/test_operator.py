@@ -6,6 +6,7 @@ import pytest
 import scipy.fft
 import torch
 import torch.nn.functional as F
+from orchid_hf.modeling import orchid_layers
 from orchid_hf.modeling.orchid_layers import (
     CONDITIONING_ACTIVATIONS,
     ImplicitLongFilter,
@@ -20,6 +21,16 @@ from orchid_hf.modeling.orchid_layers import (
 from orchid_hf import BlockDiagonalLinear, OrchidOperator
 
 LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
+
+
+@pytest.fixture(autouse=True, params=["channels together", "channels in groups"])
+def channel_groups(request, monkeypatch):
+    """Every test runs twice: all channels in one group, and in groups of 3 (so a 4-channel operator gets a
+    group of 3 and a group of 1), which is how long inputs run."""
+    if request.param == "channels in groups":
+        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+    return request.param
 
 
 def direct_circular_convolution(x: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -491,3 +502,15 @@ def test_block_diagonal_linear_equals_dense_block_diagonal_matrix():
 def test_block_diagonal_linear_rejects_indivisible_sizes():
     with pytest.raises(ValueError, match=r"in_features=10 and out_features=8 must both be divisible by num_blocks=4"):
         BlockDiagonalLinear(10, 8, num_blocks=4)
+
+
+def test_channel_groups_cover_every_channel_once(channel_groups, monkeypatch):
+    op = OrchidOperator(4, 16)
+    expected = [slice(None)] if channel_groups == "channels together" else [slice(0, 3), slice(3, 4)]
+    assert op.channel_groups(batch=2) == expected
+    # At 2^19 elements per group: one group for (1, 128), groups of 128 channels for a 4096-long sequence.
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 2**19)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 32)
+    assert OrchidOperator(768, 128).channel_groups(batch=1) == [slice(None)]
+    groups = OrchidOperator(768, 4096).channel_groups(batch=1)
+    assert len(groups) == 6 and all(g.stop - g.start == 128 for g in groups) and groups[-1].stop == 768
