@@ -152,6 +152,12 @@ INPLACE_ACTIVATIONS = {
 }
 
 
+# Without autograd the MLP runs on chunks of tokens whose up-projection holds about this many numbers (16 MiB in
+# float32, below glibc's largest mmap threshold of 32 MiB), and at least this many tokens, so GEMMs stay efficient.
+MLP_CHUNK_ELEMENTS = 2**22
+MLP_MIN_CHUNK_TOKENS = 256
+
+
 class OrchidMLP(nn.Module):
     """The dimension mixer: ``W2 act(W1 x)``, or the GLU ``W2 (act(W1 x) * W1' x)`` of M2-BERT."""
 
@@ -166,6 +172,16 @@ class OrchidMLP(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+        chunk = max(MLP_MIN_CHUNK_TOKENS, MLP_CHUNK_ELEMENTS // self.up_proj.out_features)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or tokens.shape[0] <= chunk:
+            return self._mix_features(hidden_states)
+        # Without autograd, chunks of tokens keep the (tokens x intermediate) tensors small enough for the allocator
+        # to reuse their memory: at (1, 16384) the whole up-projection would be a fresh 400 MB mapping per layer.
+        out = torch.cat([self._mix_features(tokens[i : i + chunk]) for i in range(0, tokens.shape[0], chunk)])
+        return out.view(*hidden_states.shape[:-1], out.shape[-1])
+
+    def _mix_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
         if self.is_glu:
             gate, value = hidden_states.chunk(2, dim=-1)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from orchid_hf.modeling import modeling_orchid, orchid_layers
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -372,9 +373,16 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
 
 @pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh", "relu", "silu"])
 @pytest.mark.parametrize("mlp_num_blocks", [1, 4])
-def test_inference_forward_equals_the_autograd_forward(hidden_act, mlp_num_blocks):
-    # Without gradients the GLU updates its up-projection in place and the block-diagonal layers write straight
-    # into their outputs; the result must not differ from the path autograd records.
+@pytest.mark.parametrize("chunked", [False, True])
+def test_inference_forward_equals_the_autograd_forward(hidden_act, mlp_num_blocks, chunked, monkeypatch):
+    # Without gradients the GLU updates its up-projection in place, the MLP runs on chunks of tokens and the
+    # block-diagonal layers write straight into their outputs; the result must not differ from the path autograd
+    # records. Chunks of 7 tokens (the last one shorter) and channel groups of 3 stand in for long inputs.
+    if chunked:
+        monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
+        monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
+        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
     torch.manual_seed(0)
     config = tiny_text_config(hidden_act=hidden_act, mlp_type="glu", mlp_num_blocks=mlp_num_blocks)
     model = OrchidModel(config).eval()
