@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from transformers.configuration_utils import PreTrainedConfig
 
-from .orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, TRANSFORMS
+from .orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, FILTER_SPECTRA, TRANSFORMS
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
@@ -113,6 +113,8 @@ class OrchidConfig(PreTrainedConfig):
             convolutions in time and in frequency; conditioning_time_layers / conditioning_freq_layers their depth.
         filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay: the static implicit
             filter h0 = FFN(PosEmb(t)) (Remark 3.2).
+        filter_spectrum: under the DCT, ``"convolution"`` multiplies by the spectrum of a (symmetric) convolution
+            with h0; ``"listing1"`` by ``dct(h0)``, as the authors' code does (docs/model.md).
         residual_long_conv: add a second static long convolution of the block input (App. C.3).
 
     Dimension mixer: ``mlp_type`` ``"mlp"`` or ``"glu"``, with ``mlp_num_blocks`` block-diagonal blocks (1 is dense).
@@ -153,6 +155,7 @@ class OrchidConfig(PreTrainedConfig):
     filter_depth: int = 1
     filter_sin_frequency: float = 1.0
     filter_decay: bool = True
+    filter_spectrum: str = "convolution"
     residual_long_conv: bool = True
     classifier_pooling: str = "first"
     classifier_dropout: float | None = None
@@ -218,6 +221,7 @@ class OrchidConfig(PreTrainedConfig):
             "transform": TRANSFORMS,
             "conditioning": CONDITIONINGS,
             "conditioning_activation": CONDITIONING_ACTIVATIONS,
+            "filter_spectrum": FILTER_SPECTRA,
             "mlp_type": MLP_TYPES,
             "classifier_pooling": CLASSIFIER_POOLINGS,
         }

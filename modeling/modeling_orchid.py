@@ -131,6 +131,7 @@ def orchid_operator_from_config(config: OrchidConfig) -> OrchidOperator:
         filter_depth=config.filter_depth,
         filter_sin_frequency=config.filter_sin_frequency,
         filter_decay=config.filter_decay,
+        filter_spectrum=config.filter_spectrum,
         residual_long_conv=config.residual_long_conv,
     )
 

@@ -18,6 +18,7 @@ This file depends only on torch and the standard library so that it can ship to 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,6 +28,9 @@ from torch import nn
 TRANSFORMS = ("dct", "fft")
 CONDITIONINGS = ("abs", "xcorr")
 CONDITIONING_ACTIVATIONS = ("identity", "sigmoid", "tanh", "softsign", "softshrink")
+# How the static filter's multiplier is formed under the DCT: the spectrum of a convolution with h0, or the
+# paper's Listing 1, ``dct(h0)`` (see ImplicitLongFilter). Under the FFT both are the exact circular convolution.
+FILTER_SPECTRA = ("convolution", "listing1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,6 +455,11 @@ class ImplicitLongFilter(nn.Module):
     channels stay local and others reach the whole sequence. The kernel looks both ways, as a bidirectional
     encoder should: under the FFT its lags are signed and circular, under the DCT they are 0 .. N-1 of an
     even kernel (:func:`kernel_lags`). ``skip`` is Hyena's ``D`` term, ``y += D * x``.
+
+    ``spectrum="listing1"`` reproduces the authors' code under the DCT instead: the kernel laid out on circular
+    lags, and ``dct(h0)`` as the multiplier. That is not the spectrum of a convolution with h0 (an impulse is
+    scaled by 1 / sqrt(2N), and the taps at negative lags couple each position with its mirror image), but it is
+    the parameterisation the paper's results were obtained with.
     """
 
     def __init__(
@@ -466,8 +475,11 @@ class ImplicitLongFilter(nn.Module):
         fast_decay_pct: float = 0.3,
         slow_decay_pct: float = 1.5,
         decay_target: float = 1e-2,
+        spectrum: str = "convolution",
     ):
         super().__init__()
+        if spectrum not in FILTER_SPECTRA:
+            raise ValueError(f"filter spectrum must be one of {FILTER_SPECTRA}, got {spectrum!r}")
         if emb_dim < 1 or width < 1:
             raise ValueError(f"implicit filter needs emb_dim >= 1 and width >= 1, got {emb_dim} and {width}")
         if transform not in TRANSFORMS:
@@ -475,6 +487,8 @@ class ImplicitLongFilter(nn.Module):
         self.channels = channels
         self.length = length
         self.transform = transform
+        self.listing1 = transform == "dct" and spectrum == "listing1"
+        self.lag_layout = "fft" if self.listing1 else transform  # which transform's lags index the kernel
         self.emb_dim = emb_dim
         self.sin_frequency = sin_frequency
         self.decay = decay
@@ -492,7 +506,7 @@ class ImplicitLongFilter(nn.Module):
         self.register_buffer("envelope", self.make_envelope(), persistent=False)
 
     def make_lag_features(self) -> torch.Tensor:
-        return lag_embedding(self.length, self.emb_dim, self.transform)
+        return lag_embedding(self.length, self.emb_dim, self.lag_layout)
 
     def make_envelope(self) -> torch.Tensor:
         """exp(-|t| * rate_c), (length, channels); |t| is the lag over the kernel length, so the decay
@@ -500,7 +514,7 @@ class ImplicitLongFilter(nn.Module):
         if not self.decay:
             return torch.ones(self.length, self.channels, device="cpu")
         rates = torch.linspace(*self.decay_rates, self.channels, device="cpu")
-        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1)
+        lags = kernel_lags(self.length, self.lag_layout).abs().unsqueeze(-1)
         return torch.exp(-lags / max(self.length, 1) * rates)
 
     def forward(self) -> torch.Tensor:
@@ -510,11 +524,15 @@ class ImplicitLongFilter(nn.Module):
     def spectrum(self, dtype: torch.dtype) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` in ``dtype``, (channels, length or length // 2 + 1): the
         skip term is an impulse of height ``skip``, whose spectrum is that constant under both transforms."""
-        return kernel_spectrum(self().to(dtype), self.transform) + self.skip.to(dtype)[:, None]
+        kernel = self().to(dtype)
+        multiplier = dct(kernel) if self.listing1 else kernel_spectrum(kernel, self.transform)
+        return multiplier + self.skip.to(dtype)[:, None]
 
     def spectrum_seq(self, dtype: torch.dtype) -> torch.Tensor:
         """:meth:`spectrum` transposed, (length or length // 2 + 1, channels): the operator's layout."""
         kernel = (self.ffn(self.lag_features) * self.envelope).to(dtype)  # (length, channels)
+        if self.listing1:
+            return dct_seq(kernel.unsqueeze(0), self.length)[0] + self.skip.to(dtype)
         return kernel_spectrum(kernel, self.transform, dim=0) + self.skip.to(dtype)
 
 
@@ -641,6 +659,7 @@ class OrchidOperator(nn.Module):
         filter_depth: int = 1,
         filter_sin_frequency: float = 1.0,
         filter_decay: bool = True,
+        filter_spectrum: str = "convolution",
         residual_long_conv: bool = True,
         bias: bool = True,
     ):
@@ -657,6 +676,8 @@ class OrchidOperator(nn.Module):
             raise ValueError(
                 f"conditioning_activation must be one of {CONDITIONING_ACTIVATIONS}, got {conditioning_activation!r}"
             )
+        if filter_spectrum not in FILTER_SPECTRA:
+            raise ValueError(f"filter_spectrum must be one of {FILTER_SPECTRA}, got {filter_spectrum!r}")
         if conditioning_time_layers < 0 or conditioning_freq_layers < 0:
             raise ValueError(
                 "conditioning_time_layers and conditioning_freq_layers must be >= 0, got "
@@ -671,7 +692,10 @@ class OrchidOperator(nn.Module):
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.short_conv = ShortConv1d(3 * d_model, short_conv_size, short_padding)
         filter_settings = (transform, filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay)
-        self.static_filter = ImplicitLongFilter(d_model, max_len, *filter_settings)
+        long_filter = functools.partial(
+            ImplicitLongFilter, d_model, max_len, *filter_settings, spectrum=filter_spectrum
+        )
+        self.static_filter = long_filter()
         self.conditioning = (
             ConditioningNetwork(
                 d_model,
@@ -686,7 +710,7 @@ class OrchidOperator(nn.Module):
             if data_dependent
             else None
         )
-        self.residual_filter = ImplicitLongFilter(d_model, max_len, *filter_settings) if residual_long_conv else None
+        self.residual_filter = long_filter() if residual_long_conv else None
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self._spectrum_cache: dict = {}
 

@@ -30,7 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling.orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, TRANSFORMS, OrchidOperator
+from .modeling.orchid_layers import (
+    CONDITIONING_ACTIVATIONS,
+    CONDITIONINGS,
+    FILTER_SPECTRA,
+    TRANSFORMS,
+    OrchidOperator,
+)
 
 MODELS = ("orchid", "static", "transformer")
 TRANSFORMER_POSITIONS = ("rope", "learned")
@@ -110,6 +116,7 @@ class RecallConfig:
     activation: str = "identity"
     conditioning_layout: str = "spatial+spectral"
     conditioning_depth: int = 1  # layers per domain in the spatial+spectral layout (3 for vocabulary 40)
+    filter_spectrum: str = "convolution"  # "listing1": dct(h0) as the static multiplier, as the authors' code
     steps: int = 2000
     batch_size: int = 64
     lr: float = 5e-4
@@ -134,6 +141,7 @@ class RecallConfig:
             "activation": (self.activation, CONDITIONING_ACTIVATIONS),
             "conditioning_layout": (self.conditioning_layout, tuple(CONDITIONING_LAYOUTS)),
             "transformer_positions": (self.transformer_positions, TRANSFORMER_POSITIONS),
+            "filter_spectrum": (self.filter_spectrum, FILTER_SPECTRA),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
@@ -165,6 +173,7 @@ class RecallConfig:
             conditioning_time_layers=time_layers,
             conditioning_freq_layers=freq_layers,
             data_dependent=self.model == "orchid",
+            filter_spectrum=self.filter_spectrum,
         )
         settings.update(self.operator_kwargs)
         return settings
@@ -431,14 +440,22 @@ def describe(config: dict) -> str:
         # Runs recorded before rotary embeddings existed used learned positions.
         return f"transformer / {config.get('transformer_positions', 'learned')} positions"
     if config["model"] != "orchid":
-        return config["model"]
+        return config["model"] + filter_label(config)
     parts = ["orchid", config["transform"], config["conditioning"]]
     if config["conditioning"] == "xcorr":
         parts.append(config["activation"])
     parts.append(config["conditioning_layout"])
     if config.get("conditioning_depth", 1) != 1:
         parts.append(f"depth {config['conditioning_depth']}")
-    return " / ".join(parts)
+    return " / ".join(parts) + filter_label(config)
+
+
+def filter_label(config: dict) -> str:
+    """Which static multiplier a DCT run used; runs recorded before the option existed used dct(h0)."""
+    if config["transform"] != "dct":
+        return ""
+    listing1 = config.get("filter_spectrum", "listing1") == "listing1"
+    return " / h0 " + ("dct(h0), Listing 1" if listing1 else "convolution")
 
 
 def results_table(paths: list[str | Path]) -> str:

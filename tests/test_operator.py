@@ -116,6 +116,25 @@ def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
     np.testing.assert_allclose(got.detach().transpose(1, 2).numpy(), expected[..., : n - 3], atol=1e-9, rtol=0)
 
 
+def test_listing1_filter_spectrum_is_the_dct_of_the_circular_kernel():
+    # The authors' parameterisation, kept as an option: dct(h0) of a kernel on circular lags.
+    long_filter = ImplicitLongFilter(3, 16, "dct", spectrum="listing1").double()
+    kernel, skip = long_filter().detach(), long_filter.skip.detach()
+    expected = dct(kernel) + skip[:, None]
+    torch.testing.assert_close(long_filter.spectrum(torch.float64).detach(), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(long_filter.spectrum_seq(torch.float64).detach(), expected.T, atol=1e-12, rtol=0)
+    assert long_filter.envelope[-1, 0] > long_filter.envelope[8, 0]  # circular: lag -1 sits at the end
+    # Under the FFT there is nothing to choose: both give the exact circular convolution.
+    torch.manual_seed(0)
+    fft_listing1 = OrchidOperator(4, 12, transform="fft", filter_spectrum="listing1")
+    torch.manual_seed(0)
+    fft_convolution = OrchidOperator(4, 12, transform="fft")
+    x = torch.randn(2, 12, 4)
+    torch.testing.assert_close(fft_listing1(x), fft_convolution(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="filter_spectrum must be one of"):
+        OrchidOperator(4, 12, filter_spectrum="dft")
+
+
 def test_dct_filter_lags_run_forward_and_decay():
     # Under the DCT, index m of the kernel is the lag +-m: the envelope must decay along the whole kernel,
     # not rise again towards its end as the circular FFT layout does.
