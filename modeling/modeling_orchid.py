@@ -175,7 +175,7 @@ class OrchidMLP(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
         chunk = max(MLP_MIN_CHUNK_TOKENS, MLP_CHUNK_ELEMENTS // self.up_proj.out_features)
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or tokens.shape[0] <= chunk:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or tokens.shape[0] < 2 * chunk:
             return self._mix_features(hidden_states)
         # Without autograd, chunks of tokens keep the (tokens x intermediate) tensors small enough for the allocator
         # to reuse their memory: at (1, 16384) the whole up-projection would be a fresh 400 MB mapping per layer.

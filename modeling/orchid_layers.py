@@ -754,7 +754,7 @@ class OrchidOperator(nn.Module):
         """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels."""
         width = CHANNEL_GROUP_ELEMENTS // (batch * self.max_len) // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP
         width = max(width, MIN_CHANNEL_GROUP)
-        if width >= self.d_model:
+        if 2 * width > self.d_model:  # one group and a remainder would save little and cost the copies
             return [ALL_CHANNELS]
         return [slice(start, min(start + width, self.d_model)) for start in range(0, self.d_model, width)]
 

@@ -25,11 +25,11 @@ LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 
 @pytest.fixture(autouse=True, params=["channels together", "channels in groups"])
 def channel_groups(request, monkeypatch):
-    """Every test runs twice: all channels in one group, and in groups of 3 (so a 4-channel operator gets a
-    group of 3 and a group of 1), which is how long inputs run."""
+    """Every test runs twice: all channels in one group, and one channel per group, which is how long inputs run
+    (in groups of 32 channels and more)."""
     if request.param == "channels in groups":
         monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
-        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
     return request.param
 
 
@@ -525,11 +525,21 @@ def test_block_diagonal_linear_rejects_indivisible_sizes():
 
 def test_channel_groups_cover_every_channel_once(channel_groups, monkeypatch):
     op = OrchidOperator(4, 16)
-    expected = [slice(None)] if channel_groups == "channels together" else [slice(0, 3), slice(3, 4)]
+    expected = [slice(None)] if channel_groups == "channels together" else [slice(i, i + 1) for i in range(4)]
     assert op.channel_groups(batch=2) == expected
-    # At 2^19 elements per group: one group for (1, 128), groups of 128 channels for a 4096-long sequence.
+    # A last group narrower than the others, and the operator's output unchanged by it.
+    torch.manual_seed(0)
+    op = OrchidOperator(7, 16)
+    x = torch.randn(2, 16, 7)
+    whole = op(x)
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+    assert op.channel_groups(batch=2) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    torch.testing.assert_close(op(x), whole, atol=1e-6, rtol=0)
+    # At 2^19 elements per group: one group for (8, 128) (two would be 512 + 256 channels), groups of 128 channels
+    # for a 4096-long sequence.
     monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 2**19)
     monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 32)
-    assert OrchidOperator(768, 128).channel_groups(batch=1) == [slice(None)]
+    assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
     groups = OrchidOperator(768, 4096).channel_groups(batch=1)
     assert len(groups) == 6 and all(g.stop - g.start == 128 for g in groups) and groups[-1].stop == 768
