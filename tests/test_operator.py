@@ -207,15 +207,25 @@ def _conv_from_half_spectrum(u: np.ndarray, half: np.ndarray) -> np.ndarray:
     return direct_circular_convolution(u, kernel)
 
 
+def to_np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().double().numpy()
+
+
+def reference_gates(op: OrchidOperator, x: torch.Tensor, depthwise) -> tuple[np.ndarray, ...]:
+    """The input projection and the short convolution of one sequence: x (d, L), z = in_proj(x) (3d, L), and the
+    gates s1, s2 and the value v (d, L) each."""
+    d = op.d_model
+    xs = to_np(x[0]).T
+    z = to_np(op.in_proj.weight) @ xs + to_np(op.in_proj.bias)[:, None]
+    conv = op.short_conv.conv
+    gated = depthwise(z, to_np(conv.weight)[:, 0], to_np(conv.bias))
+    return xs, z, gated[:d], gated[d : 2 * d], gated[2 * d :]
+
+
 def reference_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
     """The operator of Sec. 3.3 written out with direct O(N^2) sums, for one sequence of length N = max_len."""
     d = op.d_model
-    to_np = lambda t: t.detach().double().numpy()  # noqa: E731
-    xs = to_np(x[0]).T  # (d, N)
-    z = to_np(op.in_proj.weight) @ xs + to_np(op.in_proj.bias)[:, None]
-    conv = op.short_conv.conv
-    gated = _circular_depthwise(z, to_np(conv.weight)[:, 0], to_np(conv.bias))
-    s1, s2, v = gated[:d], gated[d : 2 * d], gated[2 * d :]
+    xs, z, s1, s2, v = reference_gates(op, x, _circular_depthwise)
 
     def time_stack(stack, u):
         for layer in stack.layers:
@@ -254,12 +264,7 @@ def reference_dct_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
     """The DCT-mode operator with Type I conditioning written out with explicit cosine sums and a direct symmetric
     convolution, for one sequence of length L <= N = max_len (zero-padded to N)."""
     d, n, length = op.d_model, op.max_len, x.shape[1]
-    to_np = lambda t: t.detach().double().numpy()  # noqa: E731
-    xs = to_np(x[0]).T  # (d, L)
-    z = to_np(op.in_proj.weight) @ xs + to_np(op.in_proj.bias)[:, None]
-    conv = op.short_conv.conv
-    gated = _zero_padded_depthwise(z, to_np(conv.weight)[:, 0], to_np(conv.bias))
-    s1, s2, v = gated[:d], gated[d : 2 * d], gated[2 * d :]
+    xs, z, s1, s2, v = reference_gates(op, x, _zero_padded_depthwise)
     k, t = np.arange(n)[:, None], np.arange(length)[None, :]
     scale = np.where(k == 0, np.sqrt(1 / n), np.sqrt(2 / n))
     dct_matrix = scale * np.cos(np.pi * (2 * t + 1) * k / (2 * n))  # (N, L): orthonormal DCT-II of x padded to N
