@@ -56,7 +56,7 @@ IMPL_LABELS = {
 }
 MODES = ("forward", "forward_backward")
 MODEL_SHAPES = ((8, 128), (8, 512), (1, 4096), (1, 16384))
-# Targets of GitHub issue 7, checked in the report.
+# The performance targets of docs/performance.md, checked in the report.
 TARGET_SPEEDUPS = {(8, 128): 1.5, (1, 4096): 3.0, (1, 16384): 8.0}
 TARGET_MEMORY_RATIO = 0.25
 TARGET_EXPONENT = 1.15
@@ -853,7 +853,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test in seconds")
     parser.add_argument("--parts", default="operator,model", help="comma-separated: operator, model")
     parser.add_argument("--lengths", default=None, help="operator lengths, e.g. 1024,4096 (default 2^10..2^17)")
-    parser.add_argument("--model-shapes", default=None, help="e.g. 8x128,1x4096 (default: the issue's four)")
+    parser.add_argument("--model-shapes", default=None, help="e.g. 8x128,1x4096 (default: the four targets)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per point (default 7)")
     parser.add_argument("--point-budget-s", type=float, default=60.0,
                         help="stop repeating a point after this many seconds (at least 3 rounds)")
