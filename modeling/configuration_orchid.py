@@ -113,8 +113,8 @@ class OrchidConfig(PreTrainedConfig):
             convolutions in time and in frequency; conditioning_time_layers / conditioning_freq_layers their depth.
         filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay: the static implicit
             filter h0 = FFN(PosEmb(t)) (Remark 3.2).
-        filter_spectrum: under the DCT, ``"convolution"`` multiplies by the spectrum of a (symmetric) convolution
-            with h0; ``"listing1"`` by ``dct(h0)``, as the authors' code does (docs/model.md).
+        filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as the authors' code does (the
+            default); ``"convolution"`` by the spectrum of a symmetric convolution with h0 (docs/model.md).
         residual_long_conv: add a second static long convolution of the block input (App. C.3).
 
     Dimension mixer: ``mlp_type`` ``"mlp"`` or ``"glu"``, with ``mlp_num_blocks`` block-diagonal blocks (1 is dense).
@@ -155,7 +155,7 @@ class OrchidConfig(PreTrainedConfig):
     filter_depth: int = 1
     filter_sin_frequency: float = 1.0
     filter_decay: bool = True
-    filter_spectrum: str = "convolution"
+    filter_spectrum: str = "listing1"
     residual_long_conv: bool = True
     classifier_pooling: str = "first"
     classifier_dropout: float | None = None

@@ -28,9 +28,9 @@ from torch import nn
 TRANSFORMS = ("dct", "fft")
 CONDITIONINGS = ("abs", "xcorr")
 CONDITIONING_ACTIVATIONS = ("identity", "sigmoid", "tanh", "softsign", "softshrink")
-# How the static filter's multiplier is formed under the DCT: the spectrum of a convolution with h0, or the
-# paper's Listing 1, ``dct(h0)`` (see ImplicitLongFilter). Under the FFT both are the exact circular convolution.
-FILTER_SPECTRA = ("convolution", "listing1")
+# How the static filter's multiplier is formed under the DCT: the paper's Listing 1, ``dct(h0)``, or the spectrum
+# of a convolution with h0 (see ImplicitLongFilter). Under the FFT both are the exact circular convolution.
+FILTER_SPECTRA = ("listing1", "convolution")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +475,7 @@ class ImplicitLongFilter(nn.Module):
         fast_decay_pct: float = 0.3,
         slow_decay_pct: float = 1.5,
         decay_target: float = 1e-2,
-        spectrum: str = "convolution",
+        spectrum: str = "listing1",
     ):
         super().__init__()
         if spectrum not in FILTER_SPECTRA:
@@ -659,7 +659,7 @@ class OrchidOperator(nn.Module):
         filter_depth: int = 1,
         filter_sin_frequency: float = 1.0,
         filter_decay: bool = True,
-        filter_spectrum: str = "convolution",
+        filter_spectrum: str = "listing1",
         residual_long_conv: bool = True,
         bias: bool = True,
     ):

@@ -116,7 +116,7 @@ class RecallConfig:
     activation: str = "identity"
     conditioning_layout: str = "spatial+spectral"
     conditioning_depth: int = 1  # layers per domain in the spatial+spectral layout (3 for vocabulary 40)
-    filter_spectrum: str = "convolution"  # "listing1": dct(h0) as the static multiplier, as the authors' code
+    filter_spectrum: str = "listing1"  # dct(h0) as the static multiplier, as the authors' code; or "convolution"
     steps: int = 2000
     batch_size: int = 64
     lr: float = 5e-4

@@ -30,9 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--transform", default="dct", help="dct or fft")
     parser.add_argument("--conditioning_layout", default="spatial+spectral", choices=tuple(CONDITIONING_LAYOUTS))
     parser.add_argument("--conditioning_depth", type=int, default=1, help="Conv1d layers per domain (3 for vocab 40)")
-    parser.add_argument("--filter_spectrum", default="convolution", choices=("convolution", "listing1"),
-                        help="DCT only: the static multiplier is the spectrum of a convolution with h0, or dct(h0) "
-                        "as in the paper's Listing 1")
+    parser.add_argument("--filter_spectrum", default="listing1", choices=("listing1", "convolution"),
+                        help="DCT only: the static multiplier is dct(h0), as in the paper's Listing 1, or the "
+                        "spectrum of a convolution with h0")
     parser.add_argument("--conditioning_norm", action="store_true",
                         help="experiment: LayerNorm in the conditioning network (not in the library operator)")
     parser.add_argument("--steps", type=int, default=2000)

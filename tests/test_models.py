@@ -112,7 +112,7 @@ def test_from_preset_overrides_and_rejects_unknown_names():
         (dict(hidden_size=30, mlp_num_blocks=4), r"hidden_size=30 must be divisible by mlp_num_blocks=4"),
         (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob must be in \[0, 1\), got 1.5"),
         (dict(classifier_pooling="max"), r"classifier_pooling must be one of \('first', 'mean'\)"),
-        (dict(filter_spectrum="dft"), r"filter_spectrum must be one of \('convolution', 'listing1'\), got 'dft'"),
+        (dict(filter_spectrum="dft"), r"filter_spectrum must be one of \('listing1', 'convolution'\), got 'dft'"),
         (dict(pad_token_id=200), r"pad_token_id=200 is outside vocab_size=97"),
         (dict(conditioning_time_layers=0, conditioning_freq_layers=0), r"both 0"),
         (dict(patch_size=4), r"patch_size=4 is set but image_size is not"),

@@ -103,7 +103,7 @@ def test_kernels_keep_their_gain_under_both_transforms(transform):
 def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
     # The operator's path (sequence axis; one GEMM for the DCT up to 128, Makhoul's algorithm beyond) against a
     # direct convolution with the filter's own kernel h0 plus the skip term.
-    long_filter = ImplicitLongFilter(3, n, transform).double()
+    long_filter = ImplicitLongFilter(3, n, transform, spectrum="convolution").double()
     with torch.no_grad():
         long_filter.ffn[-1].weight.mul_(10.0)  # a kernel well above the skip term, so a wrong one shows
     x = torch.randn(2, n - 3, 3, dtype=torch.float64)
@@ -117,8 +117,8 @@ def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
 
 
 def test_listing1_filter_spectrum_is_the_dct_of_the_circular_kernel():
-    # The authors' parameterisation, kept as an option: dct(h0) of a kernel on circular lags.
-    long_filter = ImplicitLongFilter(3, 16, "dct", spectrum="listing1").double()
+    # The default, the authors' parameterisation: dct(h0) of a kernel on circular lags.
+    long_filter = ImplicitLongFilter(3, 16, "dct").double()
     kernel, skip = long_filter().detach(), long_filter.skip.detach()
     expected = dct(kernel) + skip[:, None]
     torch.testing.assert_close(long_filter.spectrum(torch.float64).detach(), expected, atol=1e-12, rtol=0)
@@ -128,7 +128,7 @@ def test_listing1_filter_spectrum_is_the_dct_of_the_circular_kernel():
     torch.manual_seed(0)
     fft_listing1 = OrchidOperator(4, 12, transform="fft", filter_spectrum="listing1")
     torch.manual_seed(0)
-    fft_convolution = OrchidOperator(4, 12, transform="fft")
+    fft_convolution = OrchidOperator(4, 12, transform="fft", filter_spectrum="convolution")
     x = torch.randn(2, 12, 4)
     torch.testing.assert_close(fft_listing1(x), fft_convolution(x), atol=0, rtol=0)
     with pytest.raises(ValueError, match="filter_spectrum must be one of"):
@@ -138,7 +138,8 @@ def test_listing1_filter_spectrum_is_the_dct_of_the_circular_kernel():
 def test_dct_filter_lags_run_forward_and_decay():
     # Under the DCT, index m of the kernel is the lag +-m: the envelope must decay along the whole kernel,
     # not rise again towards its end as the circular FFT layout does.
-    dct_filter, fft_filter = ImplicitLongFilter(4, 64, "dct"), ImplicitLongFilter(4, 64, "fft")
+    dct_filter = ImplicitLongFilter(4, 64, "dct", spectrum="convolution")
+    fft_filter = ImplicitLongFilter(4, 64, "fft")
     assert torch.all(dct_filter.envelope[1:] < dct_filter.envelope[:-1])
     assert fft_filter.envelope[-1, 0] > fft_filter.envelope[32, 0]
     with pytest.raises(ValueError, match="transform"):
@@ -287,7 +288,7 @@ def reference_dct_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
 
 @pytest.mark.parametrize("length", [9, 12])
 def test_dct_operator_matches_direct_reference(length):
-    op = OrchidOperator(4, 12, transform="dct", conditioning="abs").double()
+    op = OrchidOperator(4, 12, transform="dct", conditioning="abs", filter_spectrum="convolution").double()
     with torch.no_grad():
         for long_filter in (op.static_filter, op.residual_filter):
             long_filter.ffn[-1].weight.mul_(10.0)  # kernels well above the skip terms, so a wrong one shows

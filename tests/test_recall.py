@@ -100,4 +100,4 @@ def test_training_loop_logs_a_curve_and_the_table_reads_it(tmp_path):
     assert len((tmp_path / "run.log").read_text().splitlines()) == 2
     (tmp_path / "run.json").write_text(json.dumps(result))
     table = results_table([tmp_path / "run.json"])
-    assert "| orchid / dct / abs / spatial+spectral / h0 convolution | 8 | 16 | 4 |" in table
+    assert "| orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1 | 8 | 16 | 4 |" in table
