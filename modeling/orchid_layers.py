@@ -743,11 +743,24 @@ class OrchidOperator(nn.Module):
         # Everything between the two projections acts on each channel alone. Groups of channels whose
         # intermediates stay small run one after the other: their tensors stay in cache, and the allocator
         # reuses their memory instead of mapping fresh pages (a 16K x 768 float32 tensor is 48 MiB).
-        mixed = [
-            self._mix_channels(x, channels, mask, static, residual, conditioning_input, conditioning_mask)
-            for channels in self.channel_groups(batch)
-        ]
-        y = mixed[0] if len(mixed) == 1 else torch.cat(mixed, dim=-1)
+        groups = self.channel_groups(batch)
+        mix = functools.partial(
+            self._mix_channels,
+            x,
+            mask=mask,
+            static=static,
+            residual=residual,
+            conditioning_input=conditioning_input,
+            conditioning_mask=conditioning_mask,
+        )
+        if len(groups) == 1:
+            y = mix(groups[0])
+        elif torch.is_grad_enabled() or torch.compiler.is_compiling():
+            y = torch.cat([mix(channels) for channels in groups], dim=-1)
+        else:  # each group written into place, so the groups' outputs never exist twice
+            y = x.new_empty(x.shape, dtype=compute_dtype)
+            for channels in groups:
+                y[..., channels] = mix(channels)
         return self.out_proj(y.to(x.dtype))
 
     def channel_groups(self, batch: int) -> list[slice]:
