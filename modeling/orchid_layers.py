@@ -8,7 +8,8 @@ oneDNN convolutions, and its transforms act on axis 1, so no activation is ever 
 ``MATMUL_DCT_MAX_LEN`` the DCT is a single GEMM with the orthonormal DCT matrix (at N = 128 one GEMM
 beats an FFT wrapped in the reorderings and twiddles of Makhoul's algorithm); beyond it the DCT runs
 through one real FFT of length N. Without gradients, intermediate tensors are updated in place, which
-on CPU also saves the page faults of fresh large allocations.
+on CPU also saves the page faults of fresh large allocations. On long inputs the per-channel steps run for
+groups of channels in turn (``OrchidOperator.channel_groups``), so that their tensors stay small.
 
 The functions ``dct``, ``idct``, ``long_convolution``, ``kernel_spectrum`` and ``apply_spectrum`` act on
 the last axis; the ``*_seq`` functions are their counterparts along the sequence axis.
