@@ -525,9 +525,7 @@ class ImplicitLongFilter(nn.Module):
     def spectrum(self, dtype: torch.dtype) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` in ``dtype``, (channels, length or length // 2 + 1): the
         skip term is an impulse of height ``skip``, whose spectrum is that constant under both transforms."""
-        kernel = self().to(dtype)
-        multiplier = dct(kernel) if self.listing1 else kernel_spectrum(kernel, self.transform)
-        return multiplier + self.skip.to(dtype)[:, None]
+        return self.spectrum_seq(dtype).transpose(0, 1)
 
     def spectrum_seq(self, dtype: torch.dtype) -> torch.Tensor:
         """:meth:`spectrum` transposed, (length or length // 2 + 1, channels): the operator's layout."""
@@ -753,6 +751,7 @@ class OrchidOperator(nn.Module):
             residual=residual,
             conditioning_input=conditioning_input,
             conditioning_mask=conditioning_mask,
+            compute_dtype=compute_dtype,
         )
         if len(groups) == 1:
             y = mix(groups[0])
@@ -781,6 +780,7 @@ class OrchidOperator(nn.Module):
         residual: torch.Tensor | None,
         conditioning_input: torch.Tensor | None,
         conditioning_mask: torch.Tensor | None,
+        compute_dtype: torch.dtype,
     ) -> torch.Tensor:
         """``s2 * (h * (s1 * v)) [+ h_res * x]`` for the given channels, masked: (B, L, channels)."""
         n = self.max_len
@@ -793,7 +793,6 @@ class OrchidOperator(nn.Module):
         rows = self._projection_rows(channels)  # in_proj's rows of s1, s2 and v for these channels
         projected = self._masked(F.linear(x, *self._rows_of(self.in_proj, rows)), mask, inplace=True)
         width = projected.shape[-1] // 3
-        compute_dtype = torch.promote_types(x.dtype, torch.float32)
         # The kernel first: h_theta reads v before the short convolution, and building it before the
         # convolution's output exists lowers the peak memory of a call by about a quarter.
         with torch.autocast(device_type=x.device.type, enabled=False):
