@@ -26,7 +26,16 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_orchid import OrchidConfig
-from .orchid_layers import BlockDiagonalLinear, ImplicitLongFilter, OrchidOperator, Sin
+from .orchid_layers import (
+    ONEDNN_ACTIVATIONS,
+    BlockDiagonalLinear,
+    ImplicitLongFilter,
+    Linear,
+    OrchidOperator,
+    Sin,
+    onednn_linear,
+    onednn_linear_applies,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Embeddings
@@ -139,7 +148,7 @@ def orchid_operator_from_config(config: OrchidConfig) -> OrchidOperator:
 def feature_linear(in_features: int, out_features: int, num_blocks: int) -> nn.Module:
     """A dense layer, or a block-diagonal one with ``num_blocks`` blocks (Monarch of order 1)."""
     if num_blocks == 1:
-        return nn.Linear(in_features, out_features)
+        return Linear(in_features, out_features)
     return BlockDiagonalLinear(in_features, out_features, num_blocks)
 
 
@@ -165,11 +174,17 @@ class OrchidMLP(nn.Module):
     def __init__(self, config: OrchidConfig):
         super().__init__()
         self.is_glu = config.mlp_type == "glu"
+        self.intermediate_size = config.intermediate_size
         up_features = 2 * config.intermediate_size if self.is_glu else config.intermediate_size
         self.up_proj = feature_linear(config.hidden_size, up_features, config.mlp_num_blocks)
         self.down_proj = feature_linear(config.intermediate_size, config.hidden_size, config.mlp_num_blocks)
+        self.hidden_act = config.hidden_act
         self.act = ACT2FN[config.hidden_act]
         self.inplace_act = INPLACE_ACTIVATIONS.get(config.hidden_act)
+        # The fused path needs each GLU gate and value in one block of up_proj: dense, or an even number of blocks.
+        self.fusable = config.hidden_act in ONEDNN_ACTIVATIONS and (
+            not self.is_glu or config.mlp_num_blocks == 1 or config.mlp_num_blocks % 2 == 0
+        )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -183,6 +198,8 @@ class OrchidMLP(nn.Module):
         return out.view(*hidden_states.shape[:-1], out.shape[-1])
 
     def _mix_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.fusable and onednn_linear_applies(hidden_states, self.up_proj.weight):
+            return self.dropout(self._fused_mix_features(hidden_states))
         hidden_states = self.up_proj(hidden_states)
         if self.is_glu:
             gate, value = hidden_states.chunk(2, dim=-1)
@@ -194,6 +211,33 @@ class OrchidMLP(nn.Module):
         else:
             hidden_states = self.act(hidden_states)
         return self.dropout(self.down_proj(hidden_states))
+
+    def _fused_mix_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The same without autograd in oneDNN calls that apply the activation, and the GLU's product, while the
+        GEMMs write their outputs. The intermediate features come in pieces, one per block of up_proj (a GLU
+        gate piece with the value piece at the same place of the second half); each block of down_proj reads
+        one piece or a slice of it."""
+        width = self.intermediate_size
+        num_blocks = getattr(self.up_proj, "num_blocks", 1)
+        piece = width if num_blocks == 1 else self.up_proj.out_features // num_blocks
+        pieces = []
+        for start in range(0, width, piece):
+            activated = onednn_linear(
+                *self.up_proj.output_slice(hidden_states, start, start + piece), activation=self.hidden_act
+            )
+            if self.is_glu:
+                value = self.up_proj.output_slice(hidden_states, width + start, width + start + piece)
+                activated = onednn_linear(*value, multiply=activated)
+            pieces.append(activated)
+        if num_blocks == 1:
+            return onednn_linear(pieces[0], self.down_proj.weight, self.down_proj.bias)
+        block_in = width // num_blocks
+        outputs = []
+        for k in range(num_blocks):
+            start = k * block_in
+            inputs = pieces[start // piece][..., start % piece : start % piece + block_in]
+            outputs.append(onednn_linear(inputs, *self.down_proj.block_parameters(k)))
+        return torch.cat(outputs, dim=-1)
 
 
 class OrchidLayer(GradientCheckpointingLayer):

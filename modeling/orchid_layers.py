@@ -121,6 +121,91 @@ def apply_spectrum(x: torch.Tensor, spectrum: torch.Tensor, transform: str, n: i
 
 
 # ---------------------------------------------------------------------------------------------
+# Linear layers without autograd: oneDNN's fused linear on CPU
+# ---------------------------------------------------------------------------------------------
+
+# Without autograd, float32 linear layers on CPU run through oneDNN's linear, the kernel behind torch.compile's
+# CPU linear fusions: it adds the bias, and optionally an activation or a product with another tensor, while the
+# GEMM writes its output, where F.linear makes one pass to broadcast the bias and another for each elementwise op.
+# Its float32 GEMMs also ran 5-15% faster than MKL's on the benchmark machine (docs/performance.md). False uses
+# F.linear everywhere.
+ONEDNN_LINEAR = True
+# transformers' names of the activations oneDNN can apply in the GEMM's pass: (post-op, algorithm).
+ONEDNN_ACTIVATIONS = {
+    "gelu": ("gelu", "none"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+    "silu": ("swish", ""),
+    "swish": ("swish", ""),
+}
+
+
+@functools.cache
+def _onednn_linear_op():
+    """``torch.ops.mkldnn._linear_pointwise`` if this build of torch has it and it computes F.linear, else None."""
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        with torch.no_grad():
+            x = torch.linspace(-1.0, 1.0, 12).view(3, 4)
+            weight = torch.linspace(-2.0, 2.0, 20).view(5, 4)
+            bias = torch.linspace(0.0, 1.0, 5)
+            works = torch.allclose(op(x, weight, bias, "none", [], ""), F.linear(x, weight, bias), atol=1e-5)
+    except (AttributeError, RuntimeError):
+        return None
+    return op if works else None
+
+
+def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`onednn_linear` can compute ``x W^T``: CPU float32, no autograd, autocast or compilation."""
+    return (
+        ONEDNN_LINEAR
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled("cpu")
+        and _onednn_linear_op() is not None
+    )
+
+
+def onednn_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    multiply: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(x W^T + b)``, or ``(x W^T + b) * multiply``, in one oneDNN call; only where
+    :func:`onednn_linear_applies`. ``activation`` is a key of ``ONEDNN_ACTIVATIONS``."""
+    op = _onednn_linear_op()
+    if multiply is not None:
+        return op.binary(x, multiply, weight, bias, "mul")
+    post_op, algorithm = ONEDNN_ACTIVATIONS[activation] if activation is not None else ("none", "")
+    return op(x, weight, bias, post_op, [], algorithm)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, through oneDNN where :func:`onednn_linear_applies`."""
+    if onednn_linear_applies(x, weight):
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that runs through :func:`linear`: oneDNN without autograd on CPU, F.linear otherwise."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def output_slice(
+        self, x: torch.Tensor, start: int, stop: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The input, weight rows and bias that give output features [start, stop)."""
+        return x, self.weight[start:stop], None if self.bias is None else self.bias[start:stop]
+
+
+# ---------------------------------------------------------------------------------------------
 # The same transforms along axis 1 of (batch, length, channels) tensors: the operator's layout
 # ---------------------------------------------------------------------------------------------
 
@@ -154,6 +239,24 @@ def dct_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
         return matrix.to(device=device, dtype=dtype)
 
     return _constant(("dct_matrix", n, dtype, device), build)
+
+
+def sequence_matmul(
+    matrix: torch.Tensor,
+    x: torch.Tensor,
+    multiply: torch.Tensor | None = None,
+    accumulate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``matrix @ x[b]`` for x (B, K, C) and matrix (M, K): (B, M, C), times ``multiply`` (M, C) or (B, M, C), or
+    added to ``accumulate`` (B, M, C); in place without gradients."""
+    grad = torch.is_grad_enabled()
+    if accumulate is not None:
+        matrix = matrix.expand(x.shape[0], -1, -1)
+        return torch.baddbmm(accumulate, matrix, x) if grad else accumulate.baddbmm_(matrix, x)
+    out = torch.matmul(matrix, x)
+    if multiply is None:
+        return out
+    return out * multiply if grad else out.mul_(multiply)
 
 
 def _makhoul_constants(n: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
@@ -259,7 +362,7 @@ def dct_seq(x: torch.Tensor, n: int, magnitude: bool = False) -> torch.Tensor:
     """Orthonormal DCT-II along axis 1 of ``x`` (B, L, C), zero-padded to length n >= L: (B, n, C).
     ``magnitude=True`` returns its absolute value."""
     if _uses_matmul(n):
-        out = torch.matmul(dct_matrix(n, x.dtype, x.device)[:, : x.shape[1]], x)
+        out = sequence_matmul(dct_matrix(n, x.dtype, x.device)[:, : x.shape[1]], x)
         if not magnitude:
             return out
         return out.abs() if torch.is_grad_enabled() else out.abs_()
@@ -273,12 +376,7 @@ def idct_seq(spectrum: torch.Tensor, length: int, accumulate: torch.Tensor | Non
     n = spectrum.shape[1]
     if _uses_matmul(n):
         inverse = dct_matrix(n, spectrum.dtype, spectrum.device)[:, :length].T  # D^T = D^-1
-        if accumulate is None:
-            return torch.matmul(inverse, spectrum)
-        inverse = inverse.expand(spectrum.shape[0], -1, -1)
-        if torch.is_grad_enabled():
-            return torch.baddbmm(accumulate, inverse, spectrum)
-        return accumulate.baddbmm_(inverse, spectrum)
+        return sequence_matmul(inverse, spectrum, accumulate=accumulate)
     z = torch.view_as_complex(to_pairs(spectrum, n).transpose(2, 3).contiguous())
     signal = _pairs_inverse(z, n, length)
     if accumulate is None:
@@ -319,8 +417,7 @@ def convolve_seq(
     if not prepared:
         multiplier = prepare_multiplier(multiplier, transform, n)
     if transform == "dct" and _uses_matmul(n):
-        product = dct_seq(x, n)
-        product = product * multiplier if grad else product.mul_(multiplier)
+        product = sequence_matmul(dct_matrix(n, x.dtype, x.device)[:, :length], x, multiply=multiplier)
         return idct_seq(product, length, accumulate)
     if transform == "dct":
         z = _makhoul_pairs(x, n)
@@ -347,9 +444,9 @@ def convolve_seq(
 # ---------------------------------------------------------------------------------------------
 
 # The operator mixes groups of channels of about this many elements per (B, N, group) tensor in turn
-# (2 MiB in float32), and never fewer channels than the minimum, which keeps the GEMMs and vector loops wide.
-CHANNEL_GROUP_ELEMENTS = 2**19
-MIN_CHANNEL_GROUP = 32
+# (1 MiB in float32), and never fewer channels than the minimum, which keeps the GEMMs and vector loops wide.
+CHANNEL_GROUP_ELEMENTS = 2**18
+MIN_CHANNEL_GROUP = 16
 
 # Every step between the operator's projections acts on each channel alone, so its modules accept a subset
 # of their channels: a slice, or an index tensor for the three gates of the input projection.
@@ -688,7 +785,7 @@ class OrchidOperator(nn.Module):
         self.data_dependent = data_dependent
         short_padding = "circular" if transform == "fft" else "zeros"
 
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)
         self.short_conv = ShortConv1d(3 * d_model, short_conv_size, short_padding)
         filter_settings = (transform, filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay)
         long_filter = functools.partial(
@@ -710,7 +807,7 @@ class OrchidOperator(nn.Module):
             else None
         )
         self.residual_filter = long_filter() if residual_long_conv else None
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
         self._spectrum_cache: dict = {}
 
     def forward(
@@ -761,13 +858,25 @@ class OrchidOperator(nn.Module):
             y = x.new_empty(x.shape, dtype=compute_dtype)
             for channels in groups:
                 y[..., channels] = mix(channels)
+            if y.dtype == x.dtype:
+                return self._project_out_in_place(y)
         return self.out_proj(y.to(x.dtype))
+
+    def _project_out_in_place(self, y: torch.Tensor) -> torch.Tensor:
+        """``out_proj(y)`` written over y, a few tokens at a time (it acts on each token alone), so that the
+        output never exists beside its input: on long inputs it is the largest tensor of a call."""
+        tokens = y.view(-1, self.d_model)
+        rows = max(1, CHANNEL_GROUP_ELEMENTS // self.d_model)
+        for start in range(0, tokens.shape[0], rows):
+            chunk = tokens[start : start + rows]
+            chunk.copy_(self.out_proj(chunk))
+        return y
 
     def channel_groups(self, batch: int) -> list[slice]:
         """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels."""
         width = CHANNEL_GROUP_ELEMENTS // (batch * self.max_len) // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP
         width = max(width, MIN_CHANNEL_GROUP)
-        if 2 * width > self.d_model:  # one group and a remainder would save little and cost the copies
+        if 4 * width > self.d_model:  # fewer than four groups would save little and cost the copies
             return [ALL_CHANNELS]
         return [slice(start, min(start + width, self.d_model)) for start in range(0, self.d_model, width)]
 
@@ -791,7 +900,7 @@ class OrchidOperator(nn.Module):
         # tensors that need gradients stay out of place while autograd records.
         grad = torch.is_grad_enabled()
         rows = self._projection_rows(channels)  # in_proj's rows of s1, s2 and v for these channels
-        projected = self._masked(F.linear(x, *self._rows_of(self.in_proj, rows)), mask, inplace=True)
+        projected = self._masked(linear(x, *self._rows_of(self.in_proj, rows)), mask, inplace=True)
         width = projected.shape[-1] // 3
         # The kernel first: h_theta reads v before the short convolution, and building it before the
         # convolution's output exists lowers the peak memory of a call by about a quarter.
@@ -813,8 +922,9 @@ class OrchidOperator(nn.Module):
             y = convolve_seq(u, spectrum, self.transform, n, prepared=True)
             y = y * s2 if grad else y.mul_(s2)
             if residual is not None:
-                # Never in place: x is the caller's. A group of channels is copied out of x to be contiguous.
-                block_input = self._masked(x[..., channels].to(compute_dtype).contiguous(), mask)
+                # Never in place: x is the caller's. A group's channels are a strided view of x, which the
+                # transform's first step (a gather or a GEMM) reads as it is.
+                block_input = self._masked(x[..., channels].to(compute_dtype), mask)
                 y = convolve_seq(block_input, residual[..., channels], self.transform, n, accumulate=y, prepared=True)
             return self._masked(y, mask, inplace=True)
 
@@ -895,7 +1005,7 @@ class OrchidOperator(nn.Module):
             rows = range(self.d_model)[channels]
             rows = slice(2 * self.d_model + rows.start, 2 * self.d_model + rows.stop)
             # Zero-padded to the transform length, which Remark 3.3 reads as interpolation in frequency.
-            source = F.linear(conditioning_input, *self._rows_of(self.in_proj, rows))
+            source = linear(conditioning_input, *self._rows_of(self.in_proj, rows))
             source_mask = self._mask(conditioning_mask, source.dtype)
             source = self._masked(source, source_mask, inplace=True)
         source_mask = None if source_mask is None else source_mask.to(dtype)
@@ -962,19 +1072,43 @@ class BlockDiagonalLinear(nn.Module):
         )
 
     def _forward_direct(self, x: torch.Tensor) -> torch.Tensor:
-        """Without autograd: each block's GEMM reads its column slice of x and writes its column slice of the
-        output (BLAS leading dimensions), bias included, so nothing is transposed or copied."""
-        block_in, block_out = self.in_features // self.num_blocks, self.out_features // self.num_blocks
+        """Without autograd: oneDNN per block where it applies; else each block's GEMM reads its column slice of
+        x and writes its column slice of the output (BLAS leading dimensions), so nothing is transposed."""
+        if onednn_linear_applies(x, self.weight):
+            blocks = range(self.num_blocks)
+            return torch.cat([onednn_linear(self.block_input(i, x), *self.block_parameters(i)) for i in blocks], -1)
+        block_out = self.out_features // self.num_blocks
         out = x.new_empty(x.shape[0], self.out_features)
         for i in range(self.num_blocks):
-            inputs = x[:, i * block_in : (i + 1) * block_in]
-            weight = self.weight[i].T
+            weight, bias = self.block_parameters(i)
             target = out[:, i * block_out : (i + 1) * block_out]
-            if self.bias is None:
-                torch.mm(inputs, weight, out=target)
+            if bias is None:
+                torch.mm(self.block_input(i, x), weight.T, out=target)
             else:
-                torch.addmm(self.bias[i * block_out : (i + 1) * block_out], inputs, weight, out=target)
+                torch.addmm(bias, self.block_input(i, x), weight.T, out=target)
         return out
+
+    def block_input(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """The slice of the input features (last axis of x) that block i reads."""
+        width = self.in_features // self.num_blocks
+        return x[..., i * width : (i + 1) * width]
+
+    def block_parameters(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """W_i (out_features / b, in_features / b) and the bias of block i's outputs."""
+        width = self.out_features // self.num_blocks
+        return self.weight[i], None if self.bias is None else self.bias[i * width : (i + 1) * width]
+
+    def output_slice(
+        self, x: torch.Tensor, start: int, stop: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The input slice, weight rows and bias that give output features [start, stop), which lie in one block."""
+        width = self.out_features // self.num_blocks
+        i = start // width
+        if stop > (i + 1) * width:
+            raise ValueError(f"output features [{start}, {stop}) span more than one block of {width}")
+        weight, bias = self.block_parameters(i)
+        rows = slice(start - i * width, stop - i * width)
+        return self.block_input(i, x), weight[rows], None if bias is None else bias[rows]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, num_blocks={self.num_blocks}"

@@ -1,7 +1,11 @@
 """The Orchid model family in transformers: config, presets, heads, Auto classes, padding, checkpoints."""
 
+import functools
+import types
+
 import pytest
 import torch
+import torch.nn.functional as F
 from orchid_hf.modeling import modeling_orchid, orchid_layers
 from transformers import (
     AutoConfig,
@@ -372,20 +376,38 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
         model()
 
 
-@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh", "relu", "silu"])
-@pytest.mark.parametrize("mlp_num_blocks", [1, 4])
+@pytest.mark.parametrize(
+    ("hidden_act", "mlp_type", "mlp_num_blocks"),
+    [
+        ("gelu", "glu", 1),
+        ("gelu", "glu", 2),
+        ("gelu", "glu", 4),
+        ("gelu_pytorch_tanh", "glu", 4),
+        ("relu", "glu", 4),
+        ("silu", "glu", 1),
+        ("gelu", "mlp", 4),
+        ("relu", "mlp", 1),
+        ("gelu_new", "glu", 4),  # no fused or in-place form: the plain path
+    ],
+)
 @pytest.mark.parametrize("chunked", [False, True])
-def test_inference_forward_equals_the_autograd_forward(hidden_act, mlp_num_blocks, chunked, monkeypatch):
-    # Without gradients the GLU updates its up-projection in place, the MLP runs on chunks of tokens and the
-    # block-diagonal layers write straight into their outputs; the result must not differ from the path autograd
-    # records. Chunks of 7 tokens (the last one shorter) and channel groups of 3 stand in for long inputs.
+@pytest.mark.parametrize("onednn", [True, False])
+def test_inference_forward_equals_the_autograd_forward(
+    hidden_act, mlp_type, mlp_num_blocks, chunked, onednn, monkeypatch
+):
+    # Without gradients the linear layers run through oneDNN with the activation and the GLU's product fused in (or,
+    # with ONEDNN_LINEAR off, the GLU updates its up-projection in place and the block-diagonal layers write straight
+    # into their outputs), the MLP runs on chunks of tokens and the operator in groups of channels with out_proj
+    # written over its input; the result must not differ from the path autograd records. Chunks of 7 tokens (the
+    # last one shorter) and channel groups of 3 stand in for long inputs.
+    monkeypatch.setattr(orchid_layers, "ONEDNN_LINEAR", onednn)
     if chunked:
         monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
         monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
         monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
         monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
     torch.manual_seed(0)
-    config = tiny_text_config(hidden_act=hidden_act, mlp_type="glu", mlp_num_blocks=mlp_num_blocks)
+    config = tiny_text_config(hidden_act=hidden_act, mlp_type=mlp_type, mlp_num_blocks=mlp_num_blocks)
     model = OrchidModel(config).eval()
     input_ids = torch.randint(0, config.vocab_size, (3, 20))
     with torch.no_grad():
@@ -393,3 +415,76 @@ def test_inference_forward_equals_the_autograd_forward(hidden_act, mlp_num_block
     recorded = model(input_ids).last_hidden_state
     assert recorded.requires_grad
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
+
+
+REFERENCE_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+@pytest.mark.parametrize("activation", sorted(orchid_layers.ONEDNN_ACTIVATIONS))
+def test_onednn_linear_equals_f_linear_with_its_activation_or_product(activation):
+    torch.manual_seed(0)
+    x, weight, bias, other = torch.randn(5, 7, 16), torch.randn(12, 16), torch.randn(12), torch.randn(5, 7, 12)
+    columns = torch.randn(5, 7, 40)[..., 8:24]  # a strided slice of features, as a block of a block-diagonal layer
+    with torch.no_grad():
+        assert orchid_layers.onednn_linear_applies(x, weight)
+        plain = F.linear(x, weight, bias)
+        fused = orchid_layers.onednn_linear
+        torch.testing.assert_close(fused(x, weight, bias), plain, atol=1e-5, rtol=1e-5)
+        activated = REFERENCE_ACTIVATIONS[activation](plain)
+        torch.testing.assert_close(fused(x, weight, bias, activation=activation), activated, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused(x, weight, bias, multiply=other), plain * other, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused(columns, weight), F.linear(columns, weight), atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_linear_applies_only_to_cpu_float32_without_autograd(monkeypatch):
+    x, weight = torch.randn(2, 3), torch.randn(4, 3)
+    assert not orchid_layers.onednn_linear_applies(x, weight)  # autograd records
+    with torch.no_grad():
+        assert orchid_layers.onednn_linear_applies(x, weight)
+        assert not orchid_layers.onednn_linear_applies(x.double(), weight.double())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not orchid_layers.onednn_linear_applies(x, weight)
+        monkeypatch.setattr(orchid_layers, "ONEDNN_LINEAR", False)
+        assert not orchid_layers.onednn_linear_applies(x, weight)
+
+
+def test_linear_falls_back_to_f_linear_where_torch_lacks_the_onednn_op(monkeypatch):
+    x, weight, bias = torch.randn(2, 3), torch.randn(4, 3), torch.randn(4)
+    orchid_layers._onednn_linear_op.cache_clear()
+    monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
+    try:
+        assert orchid_layers._onednn_linear_op() is None
+        with torch.no_grad():
+            assert not orchid_layers.onednn_linear_applies(x, weight)
+            torch.testing.assert_close(orchid_layers.linear(x, weight, bias), F.linear(x, weight, bias))
+    finally:
+        monkeypatch.undo()
+        orchid_layers._onednn_linear_op.cache_clear()
+    assert orchid_layers._onednn_linear_op() is not None
+
+
+@pytest.mark.parametrize(("mlp_type", "mlp_num_blocks", "calls"), [("glu", 4, 2 + 2 + 4), ("glu", 1, 3), ("mlp", 4, 8)])
+def test_mlp_without_autograd_runs_its_gemms_with_the_activation_fused(mlp_type, mlp_num_blocks, calls, monkeypatch):
+    # GLU with 4 blocks: two gate pieces (activation fused), two value pieces (times their gate), four down blocks.
+    seen = []
+
+    def counting(*args, **kwargs):
+        seen.append((kwargs.get("activation"), kwargs.get("multiply") is not None))
+        return orchid_layers.onednn_linear(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_orchid, "onednn_linear", counting)
+    torch.manual_seed(0)
+    mlp = modeling_orchid.OrchidMLP(tiny_text_config(mlp_type=mlp_type, mlp_num_blocks=mlp_num_blocks)).eval()
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        fused = mlp(x)
+    assert len(seen) == calls
+    assert seen.count(("gelu", False)) == (mlp_num_blocks if mlp_type == "mlp" else max(1, mlp_num_blocks // 2))
+    assert seen.count((None, True)) == (0 if mlp_type == "mlp" else max(1, mlp_num_blocks // 2))
+    torch.testing.assert_close(fused, mlp(x).detach(), atol=1e-6, rtol=0)
