@@ -213,10 +213,10 @@ class OrchidMLP(nn.Module):
         return self.dropout(self.down_proj(hidden_states))
 
     def _fused_mix_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The same without autograd in oneDNN calls that apply the activation, and the GLU's product, while the
-        GEMMs write their outputs. The intermediate features come in pieces, one per block of up_proj (a GLU
-        gate piece with the value piece at the same place of the second half); each block of down_proj reads
-        one piece or a slice of it."""
+        """The same without autograd, in oneDNN calls that add the bias and apply the activation while the GEMMs
+        write their outputs. The intermediate features come in pieces, one per block of up_proj (a GLU gate piece
+        times the value piece at the same place of the second half); each block of down_proj reads one piece or a
+        slice of it."""
         width = self.intermediate_size
         num_blocks = getattr(self.up_proj, "num_blocks", 1)
         piece = width if num_blocks == 1 else self.up_proj.out_features // num_blocks
@@ -227,7 +227,8 @@ class OrchidMLP(nn.Module):
             )
             if self.is_glu:
                 value = self.up_proj.output_slice(hidden_states, width + start, width + start + piece)
-                activated = onednn_linear(*value, multiply=activated)
+                # In place on the fresh gate: measured faster than oneDNN's binary post-op for the product.
+                activated.mul_(onednn_linear(*value))
             pieces.append(activated)
         if num_blocks == 1:
             return onednn_linear(pieces[0], self.down_proj.weight, self.down_proj.bias)

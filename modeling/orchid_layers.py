@@ -125,10 +125,9 @@ def apply_spectrum(x: torch.Tensor, spectrum: torch.Tensor, transform: str, n: i
 # ---------------------------------------------------------------------------------------------
 
 # Without autograd, float32 linear layers on CPU run through oneDNN's linear, the kernel behind torch.compile's
-# CPU linear fusions: it adds the bias, and optionally an activation or a product with another tensor, while the
-# GEMM writes its output, where F.linear makes one pass to broadcast the bias and another for each elementwise op.
-# Its float32 GEMMs also ran 5-15% faster than MKL's on the benchmark machine (docs/performance.md). False uses
-# F.linear everywhere.
+# CPU linear fusions: it adds the bias, and optionally an activation, while the GEMM writes its output, where
+# F.linear first broadcasts the bias into the output and an activation is one more pass. Its float32 GEMMs also
+# ran 5-15% faster than MKL's on the benchmark machine (docs/performance.md). False uses F.linear everywhere.
 ONEDNN_LINEAR = True
 # transformers' names of the activations oneDNN can apply in the GEMM's pass: (post-op, algorithm).
 ONEDNN_ACTIVATIONS = {
@@ -170,19 +169,12 @@ def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def onednn_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    multiply: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None
 ) -> torch.Tensor:
-    """``act(x W^T + b)``, or ``(x W^T + b) * multiply``, in one oneDNN call; only where
-    :func:`onednn_linear_applies`. ``activation`` is a key of ``ONEDNN_ACTIVATIONS``."""
-    op = _onednn_linear_op()
-    if multiply is not None:
-        return op.binary(x, multiply, weight, bias, "mul")
+    """``act(x W^T + b)`` in one oneDNN call; only where :func:`onednn_linear_applies`. ``activation`` is a key of
+    ``ONEDNN_ACTIVATIONS``, or None for none."""
     post_op, algorithm = ONEDNN_ACTIVATIONS[activation] if activation is not None else ("none", "")
-    return op(x, weight, bias, post_op, [], algorithm)
+    return _onednn_linear_op()(x, weight, bias, post_op, [], algorithm)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -119,6 +119,7 @@ def build_operator(impl: str, hidden: int, heads: int, length: int, reference=No
 
 def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
     """The same model and weights, with every Orchid operator and block-diagonal layer taken from ``reference``."""
+    from orchid_hf.modeling.modeling_orchid import OrchidMLP
     from orchid_hf.modeling.orchid_layers import BlockDiagonalLinear, OrchidOperator
 
     for parent in list(model.modules()):
@@ -133,6 +134,9 @@ def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
                 continue
             other.load_state_dict(child.state_dict())
             setattr(parent, name, other)
+    for module in model.modules():
+        if isinstance(module, OrchidMLP):
+            module.fusable = False  # the reference's block-diagonal layers: the MLP's unfused path, as before
     return model
 
 

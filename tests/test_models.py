@@ -395,7 +395,7 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
 def test_inference_forward_equals_the_autograd_forward(
     hidden_act, mlp_type, mlp_num_blocks, chunked, onednn, monkeypatch
 ):
-    # Without gradients the linear layers run through oneDNN with the activation and the GLU's product fused in (or,
+    # Without gradients the linear layers run through oneDNN with the bias and activation fused in (or,
     # with ONEDNN_LINEAR off, the GLU updates its up-projection in place and the block-diagonal layers write straight
     # into their outputs), the MLP runs on chunks of tokens and the operator in groups of channels with out_proj
     # written over its input; the result must not differ from the path autograd records. Chunks of 7 tokens (the
@@ -427,9 +427,9 @@ REFERENCE_ACTIVATIONS = {
 
 
 @pytest.mark.parametrize("activation", sorted(orchid_layers.ONEDNN_ACTIVATIONS))
-def test_onednn_linear_equals_f_linear_with_its_activation_or_product(activation):
+def test_onednn_linear_equals_f_linear_with_its_activation(activation):
     torch.manual_seed(0)
-    x, weight, bias, other = torch.randn(5, 7, 16), torch.randn(12, 16), torch.randn(12), torch.randn(5, 7, 12)
+    x, weight, bias = torch.randn(5, 7, 16), torch.randn(12, 16), torch.randn(12)
     columns = torch.randn(5, 7, 40)[..., 8:24]  # a strided slice of features, as a block of a block-diagonal layer
     with torch.no_grad():
         assert orchid_layers.onednn_linear_applies(x, weight)
@@ -438,7 +438,6 @@ def test_onednn_linear_equals_f_linear_with_its_activation_or_product(activation
         torch.testing.assert_close(fused(x, weight, bias), plain, atol=1e-5, rtol=1e-5)
         activated = REFERENCE_ACTIVATIONS[activation](plain)
         torch.testing.assert_close(fused(x, weight, bias, activation=activation), activated, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(fused(x, weight, bias, multiply=other), plain * other, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fused(columns, weight), F.linear(columns, weight), atol=1e-5, rtol=1e-5)
 
 
@@ -471,11 +470,11 @@ def test_linear_falls_back_to_f_linear_where_torch_lacks_the_onednn_op(monkeypat
 
 @pytest.mark.parametrize(("mlp_type", "mlp_num_blocks", "calls"), [("glu", 4, 2 + 2 + 4), ("glu", 1, 3), ("mlp", 4, 8)])
 def test_mlp_without_autograd_runs_its_gemms_with_the_activation_fused(mlp_type, mlp_num_blocks, calls, monkeypatch):
-    # GLU with 4 blocks: two gate pieces (activation fused), two value pieces (times their gate), four down blocks.
+    # GLU with 4 blocks: two gate pieces (activation fused), two value pieces, four down blocks.
     seen = []
 
     def counting(*args, **kwargs):
-        seen.append((kwargs.get("activation"), kwargs.get("multiply") is not None))
+        seen.append(kwargs.get("activation"))
         return orchid_layers.onednn_linear(*args, **kwargs)
 
     monkeypatch.setattr(modeling_orchid, "onednn_linear", counting)
@@ -485,6 +484,5 @@ def test_mlp_without_autograd_runs_its_gemms_with_the_activation_fused(mlp_type,
     with torch.no_grad():
         fused = mlp(x)
     assert len(seen) == calls
-    assert seen.count(("gelu", False)) == (mlp_num_blocks if mlp_type == "mlp" else max(1, mlp_num_blocks // 2))
-    assert seen.count((None, True)) == (0 if mlp_type == "mlp" else max(1, mlp_num_blocks // 2))
+    assert seen.count("gelu") == (mlp_num_blocks if mlp_type == "mlp" else max(1, mlp_num_blocks // 2))
     torch.testing.assert_close(fused, mlp(x).detach(), atol=1e-6, rtol=0)
