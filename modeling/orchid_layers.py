@@ -436,9 +436,10 @@ def convolve_seq(
 # ---------------------------------------------------------------------------------------------
 
 # The operator mixes groups of channels of about this many elements per (B, N, group) tensor in turn
-# (1 MiB in float32), and never fewer channels than the minimum, which keeps the GEMMs and vector loops wide.
-CHANNEL_GROUP_ELEMENTS = 2**18
-MIN_CHANNEL_GROUP = 16
+# (2 MiB in float32), and never fewer channels than the minimum, which keeps the GEMMs and vector loops wide.
+# Without autograd both are halved: no group's tensors are kept for backward, so smaller groups lower the peak.
+CHANNEL_GROUP_ELEMENTS = 2**19
+MIN_CHANNEL_GROUP = 32
 
 # Every step between the operator's projections acts on each channel alone, so its modules accept a subset
 # of their channels: a slice, or an index tensor for the three gates of the input projection.
@@ -865,9 +866,12 @@ class OrchidOperator(nn.Module):
         return y
 
     def channel_groups(self, batch: int) -> list[slice]:
-        """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels."""
-        width = CHANNEL_GROUP_ELEMENTS // (batch * self.max_len) // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP
-        width = max(width, MIN_CHANNEL_GROUP)
+        """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels, half as
+        many without autograd."""
+        elements, minimum = CHANNEL_GROUP_ELEMENTS, MIN_CHANNEL_GROUP
+        if not torch.is_grad_enabled():
+            elements, minimum = elements // 2, max(1, minimum // 2)
+        width = max(elements // (batch * self.max_len) // minimum * minimum, minimum)
         if 4 * width > self.d_model:  # fewer than four groups would save little and cost the copies
             return [ALL_CHANNELS]
         return [slice(start, min(start + width, self.d_model)) for start in range(0, self.d_model, width)]

@@ -742,6 +742,10 @@ def plot(result: dict, path: Path) -> None:
                 bridge = measured[-1:] + predicted
                 ax.plot([r["length"] for r in bridge], [scale * r[key] for r in bridge], "o--",
                         color=styles[impl], markerfacecolor="none", label=f"{IMPL_LABELS[impl]} (extrapolated)")
+            later = [r for r in measured if key == "peak_bytes" and r.get("later_peak_bytes")]
+            if later and impl.startswith("orchid"):  # attention needs the same on every call
+                ax.plot([r["length"] for r in later], [scale * r["later_peak_bytes"] for r in later], "s:",
+                        color=styles[impl], label=f"{IMPL_LABELS[impl]}, later calls")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("Sequence length L")
@@ -750,6 +754,11 @@ def plot(result: dict, path: Path) -> None:
         ax.set_title(f"{title} (hidden {cfg['hidden']}, batch 1)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
+    memory_labels = [label for label in axes[-1].get_legend_handles_labels()[1] if label.endswith("later calls")]
+    if memory_labels:  # the first panel's legend lacks the later-call lines
+        handles, labels = axes[-1].get_legend_handles_labels()
+        axes[-1].legend([h for h, lab in zip(handles, labels) if lab in memory_labels], memory_labels, fontsize=7,
+                        loc="lower right")
     where = result["machine"].get("device", "cpu")
     where = result["machine"].get("Model name", "CPU") + f", {cfg['threads']} thread(s)" if where == "cpu" else where
     fig.suptitle(f"Orchid vs attention on {where}, {str(cfg['dtype']).replace('torch.', '')}", fontsize=10)
