@@ -162,9 +162,10 @@ INPLACE_ACTIVATIONS = {
 }
 
 
-# Without autograd the MLP runs on chunks of tokens whose up-projection holds about this many numbers (16 MiB in
-# float32, below glibc's largest mmap threshold of 32 MiB), and at least this many tokens, so GEMMs stay efficient.
-MLP_CHUNK_ELEMENTS = 2**22
+# Without autograd the MLP runs on chunks of tokens whose up-projection holds about this many numbers (32 MiB in
+# float32; the fused path holds one block's piece of it at a time), and at least this many tokens, so GEMMs stay
+# efficient.
+MLP_CHUNK_ELEMENTS = 2**23
 MLP_MIN_CHUNK_TOKENS = 256
 
 
