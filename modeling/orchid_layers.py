@@ -184,6 +184,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def linear_rows(layer: nn.Linear, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weight and bias of the outputs ``rows`` (a slice or an index tensor) of a linear layer."""
+    return layer.weight[rows], None if layer.bias is None else layer.bias[rows]
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` that runs through :func:`linear`: oneDNN without autograd on CPU, F.linear otherwise."""
 
@@ -194,7 +199,7 @@ class Linear(nn.Linear):
         self, x: torch.Tensor, start: int, stop: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The input, weight rows and bias that give output features [start, stop)."""
-        return x, self.weight[start:stop], None if self.bias is None else self.bias[start:stop]
+        return x, *linear_rows(self, slice(start, stop))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -619,7 +624,7 @@ class ImplicitLongFilter(nn.Module):
 
     def spectrum_seq(self, dtype: torch.dtype) -> torch.Tensor:
         """:meth:`spectrum` transposed, (length or length // 2 + 1, channels): the operator's layout."""
-        kernel = (self.ffn(self.lag_features) * self.envelope).to(dtype)  # (length, channels)
+        kernel = self().transpose(0, 1).to(dtype)  # (length, channels)
         if self.listing1:
             return dct_seq(kernel.unsqueeze(0), self.length)[0] + self.skip.to(dtype)
         return kernel_spectrum(kernel, self.transform, dim=0) + self.skip.to(dtype)
@@ -896,7 +901,7 @@ class OrchidOperator(nn.Module):
         # tensors that need gradients stay out of place while autograd records.
         grad = torch.is_grad_enabled()
         rows = self._projection_rows(channels)  # in_proj's rows of s1, s2 and v for these channels
-        projected = self._masked(linear(x, *self._rows_of(self.in_proj, rows)), mask, inplace=True)
+        projected = self._masked(linear(x, *linear_rows(self.in_proj, rows)), mask, inplace=True)
         width = projected.shape[-1] // 3
         # The kernel first: h_theta reads v before the short convolution, and building it before the
         # convolution's output exists lowers the peak memory of a call by about a quarter.
@@ -980,11 +985,6 @@ class OrchidOperator(nn.Module):
         index = torch.arange(channels.start, channels.stop, device=self.in_proj.weight.device)
         return torch.cat([index, index + self.d_model, index + 2 * self.d_model])
 
-    @staticmethod
-    def _rows_of(linear: nn.Linear, rows: Channels) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Weight and bias of the outputs ``rows`` of a linear layer."""
-        return linear.weight[rows], None if linear.bias is None else linear.bias[rows]
-
     def _data_spectrum(
         self,
         value: torch.Tensor,
@@ -1001,7 +1001,7 @@ class OrchidOperator(nn.Module):
             rows = range(self.d_model)[channels]
             rows = slice(2 * self.d_model + rows.start, 2 * self.d_model + rows.stop)
             # Zero-padded to the transform length, which Remark 3.3 reads as interpolation in frequency.
-            source = linear(conditioning_input, *self._rows_of(self.in_proj, rows))
+            source = linear(conditioning_input, *linear_rows(self.in_proj, rows))
             source_mask = self._mask(conditioning_mask, source.dtype)
             source = self._masked(source, source_mask, inplace=True)
         source_mask = None if source_mask is None else source_mask.to(dtype)
