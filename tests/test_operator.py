@@ -558,3 +558,35 @@ def test_channel_groups_cover_every_channel_once(channel_groups, monkeypatch):
         assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
         assert len(OrchidOperator(768, 4096).channel_groups(batch=1)) == 12
         assert len(OrchidOperator(768, 16384).channel_groups(batch=1)) == 48
+
+
+@pytest.mark.parametrize("padding", [16, 0])
+@pytest.mark.parametrize(("n", "channels"), [(256, 5), (64, 1), (30, 8)])
+def test_irfft_seq_returns_torchs_inverse_in_rows(padding, n, channels, monkeypatch):
+    # Without autograd the inverse FFT writes each channel n + padding apart, then copies to row-major.
+    monkeypatch.setattr(orchid_layers, "FFT_ROW_PADDING", padding)
+    spectrum = torch.fft.rfft(torch.randn(3, n, channels), dim=1)
+    with torch.no_grad():
+        signal = orchid_layers.irfft_seq(spectrum, n)
+    assert signal.shape == (3, n, channels) and (signal.is_contiguous() or not padding)
+    torch.testing.assert_close(signal, torch.fft.irfft(spectrum, n=n, dim=1), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("data_dependent", [True, False])
+def test_inference_equals_the_autograd_forward_with_fft_sized_transforms(transform, data_dependent):
+    # N = 256 takes the DCT through the FFT (N > MATMUL_DCT_MAX_LEN): without autograd, the inverse transform's
+    # output is written with padded rows, and some multipliers are laid out like the transform's output.
+    torch.manual_seed(0)
+    op = OrchidOperator(12, 256, transform=transform, data_dependent=data_dependent).eval()
+    x = torch.randn(2, 200, 12)
+    mask = torch.ones(2, 200, dtype=torch.long)
+    mask[1, 150:] = 0
+    recorded = op(x, mask)
+    assert recorded.requires_grad
+    with torch.no_grad():
+        inference = op(x, mask)
+    torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
+    # Multipliers that meet the transform's output directly are laid out channel by channel, as it is.
+    direct = ["static", "residual"] if not data_dependent else ["residual"]
+    assert all(op._spectrum_cache[name][1].stride()[-1] > 1 for name in direct)
