@@ -190,13 +190,21 @@ class OrchidMLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
-        chunk = max(MLP_MIN_CHUNK_TOKENS, MLP_CHUNK_ELEMENTS // self.up_proj.out_features)
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or tokens.shape[0] < 2 * chunk:
+        chunks = self.token_chunks(tokens.shape[0])
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or len(chunks) == 1:
             return self._mix_features(hidden_states)
         # Without autograd, chunks of tokens keep the (tokens x intermediate) tensors small enough for the allocator
         # to reuse their memory: at (1, 16384) the whole up-projection would be a fresh 400 MB mapping per layer.
-        out = torch.cat([self._mix_features(tokens[i : i + chunk]) for i in range(0, tokens.shape[0], chunk)])
+        out = torch.cat([self._mix_features(tokens[chunk]) for chunk in chunks])
         return out.view(*hidden_states.shape[:-1], out.shape[-1])
+
+    def token_chunks(self, num_tokens: int) -> list[slice]:
+        """Equal runs of tokens whose up-projection holds about ``MLP_CHUNK_ELEMENTS`` numbers, each at least
+        ``MLP_MIN_CHUNK_TOKENS`` long; a single run when there are fewer than two chunks' worth."""
+        size = max(MLP_MIN_CHUNK_TOKENS, MLP_CHUNK_ELEMENTS // self.up_proj.out_features)
+        count = max(1, num_tokens // size)
+        size = -(-num_tokens // count)
+        return [slice(start, min(start + size, num_tokens)) for start in range(0, num_tokens, size)]
 
     def _mix_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.fusable and onednn_linear_applies(hidden_states, self.up_proj.weight):
@@ -259,12 +267,46 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self._runs_in_chunks(hidden_states):
+            return self._forward_in_chunks(hidden_states, attention_mask)
         if self.pre_norm:
             mixed = self.mixer(self.mixer_norm(hidden_states), attention_mask)
             hidden_states = hidden_states + self.mixer_dropout(mixed)
             return hidden_states + self.mlp(self.mlp_norm(hidden_states))
         hidden_states = self.mixer_norm(hidden_states + self.mixer_dropout(self.mixer(hidden_states, attention_mask)))
         return self.mlp_norm(hidden_states + self.mlp(hidden_states))
+
+    def _runs_in_chunks(self, hidden_states: torch.Tensor) -> bool:
+        """Inference (no autograd, eval mode, not compiling) on more than one chunk of tokens (for one, the plain
+        path is the same without the copies), with no hooks that would see the mixer's output change or the
+        later modules called once per chunk."""
+        if torch.is_grad_enabled() or self.training or torch.compiler.is_compiling():
+            return False
+        if len(self.mlp.token_chunks(hidden_states.shape[:-1].numel())) == 1:
+            return False
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            return False
+        modules = (self.mixer, self.mixer_norm, self.mlp, self.mlp_norm)
+        return not any(module._forward_hooks or module._forward_pre_hooks for module in modules)
+
+    def _forward_in_chunks(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`forward` for inference. Everything after the mixer acts on each token alone, so it runs on chunks
+        of tokens written over the mixer's output, a fresh tensor that becomes the layer's output. A chunk's
+        tensors stay in cache and reuse each other's memory, where the whole-sequence path allocates five more
+        tensors of the input's size (two sums, two LayerNorm outputs, the MLP's output): at (1, 16384) each is a
+        fresh 48 MiB mapping whose first touch costs about as much as the pass that fills it."""
+        mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
+        out = self.mixer(mixer_input, attention_mask)
+        tokens = out.view(-1, out.shape[-1])
+        inputs = hidden_states.reshape(-1, hidden_states.shape[-1])
+        for chunk in self.mlp.token_chunks(tokens.shape[0]):
+            hidden = inputs[chunk] + tokens[chunk]
+            if self.pre_norm:
+                tokens[chunk] = self.mlp(self.mlp_norm(hidden)).add_(hidden)
+            else:
+                hidden = self.mixer_norm(hidden)
+                tokens[chunk] = self.mlp_norm(self.mlp(hidden).add_(hidden))
+        return out
 
 
 class OrchidEncoder(nn.Module):

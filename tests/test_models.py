@@ -417,6 +417,47 @@ def test_inference_forward_equals_the_autograd_forward(
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_layers_run_in_token_chunks_for_inference_and_match_autograd(pre_norm, monkeypatch):
+    # In eval mode without autograd, everything after the mixer runs on chunks of tokens over the mixer's output.
+    monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
+    calls = []
+    forward = modeling_orchid.OrchidMLP.forward
+    monkeypatch.setattr(modeling_orchid.OrchidMLP, "forward", lambda self, x: calls.append(x.shape) or forward(self, x))
+    torch.manual_seed(0)
+    config = tiny_text_config(pre_norm=pre_norm)
+    model = OrchidModel(config).eval()
+    input_ids = torch.randint(0, config.vocab_size, (3, 20))
+    recorded = model(input_ids).last_hidden_state
+    assert calls == [(3, 20, 32)] * 2
+    calls.clear()
+    with torch.no_grad():
+        inference = model(input_ids).last_hidden_state
+    assert model.encoder.layer[0].mlp.token_chunks(60) == [slice(i, i + 8) for i in range(0, 56, 8)] + [slice(56, 60)]
+    assert calls == ([(8, 32)] * 7 + [(4, 32)]) * 2  # seven chunks of 8 tokens and one of 4, in each layer
+    torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
+
+
+def test_hooks_keep_the_whole_sequence_layer_path(monkeypatch):
+    # A hook on the mixer sees its output unchanged, and one on the MLP sees the whole sequence once.
+    monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
+    torch.manual_seed(0)
+    model = OrchidModel(tiny_text_config()).eval()
+    input_ids = torch.randint(0, 97, (3, 20))
+    with torch.no_grad():
+        expected = model(input_ids).last_hidden_state
+    layer = model.encoder.layer[0]
+    seen = {}
+    layer.mixer.register_forward_hook(lambda module, args, out: seen.update(mixer=(out, out.clone())))
+    layer.mlp.register_forward_hook(lambda module, args, out: seen.update(mlp=args[0].shape))
+    with torch.no_grad():
+        hooked = model(input_ids).last_hidden_state
+    assert torch.equal(seen["mixer"][0], seen["mixer"][1]) and seen["mlp"] == (3, 20, 32)
+    torch.testing.assert_close(hooked, expected, atol=1e-6, rtol=0)
+
+
 REFERENCE_ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
