@@ -257,6 +257,9 @@ class OrchidLayer(GradientCheckpointingLayer):
     Pre-norm (ViT): ``x = x + mixer(LN(x)); x = x + mlp(LN(x))``.
     """
 
+    # Inference runs everything after the mixer on chunks of tokens (see _forward_in_chunks); False turns it off.
+    chunked_inference = True
+
     def __init__(self, config: OrchidConfig):
         super().__init__()
         self.pre_norm = config.pre_norm
@@ -280,7 +283,7 @@ class OrchidLayer(GradientCheckpointingLayer):
         """Inference (no autograd, eval mode, not compiling) on more than one chunk of tokens (for one, the plain
         path is the same without the copies), with no hooks that would see the mixer's output change or the
         later modules called once per chunk."""
-        if torch.is_grad_enabled() or self.training or torch.compiler.is_compiling():
+        if not self.chunked_inference or torch.is_grad_enabled() or self.training or torch.compiler.is_compiling():
             return False
         if len(self.mlp.token_chunks(hidden_states.shape[:-1].numel())) == 1:
             return False

@@ -121,7 +121,7 @@ def build_operator(impl: str, hidden: int, heads: int, length: int, reference=No
 
 def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
     """The same model and weights, with every Orchid operator and block-diagonal layer taken from ``reference``."""
-    from orchid_hf.modeling.modeling_orchid import OrchidMLP
+    from orchid_hf.modeling.modeling_orchid import OrchidLayer, OrchidMLP
     from orchid_hf.modeling.orchid_layers import BlockDiagonalLinear, OrchidOperator
 
     for parent in list(model.modules()):
@@ -138,7 +138,10 @@ def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
             setattr(parent, name, other)
     for module in model.modules():
         if isinstance(module, OrchidMLP):
-            module.fusable = False  # the reference's block-diagonal layers: the MLP's unfused path, as before
+            # Code from before oneDNN linear layers (round 3) ran the MLP's unfused path.
+            module.fusable = module.fusable and hasattr(reference, "onednn_linear")
+        if isinstance(module, OrchidLayer):
+            module.chunked_inference = False  # the layer's whole-sequence path, as before round 4
     return model
 
 
