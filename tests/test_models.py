@@ -399,7 +399,7 @@ def test_inference_forward_equals_the_autograd_forward(
     # with ONEDNN_LINEAR off, the GLU updates its up-projection in place and the block-diagonal layers write straight
     # into their outputs), the MLP runs on chunks of tokens and the operator in groups of channels with out_proj
     # written over its input; the result must not differ from the path autograd records. Chunks of 7 tokens (the
-    # last one shorter) and channel groups of 3 (1 without autograd) stand in for long inputs.
+    # last one shorter) and channel groups of 3 stand in for long inputs.
     monkeypatch.setattr(orchid_layers, "ONEDNN_LINEAR", onednn)
     if chunked:
         monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)

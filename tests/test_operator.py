@@ -541,14 +541,16 @@ def test_channel_groups_cover_every_channel_once(channel_groups, monkeypatch):
     monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
     monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
     assert op.channel_groups(batch=2) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), slice(12, 13)]
-    with torch.no_grad():  # half the minimum without autograd
+    with torch.no_grad():  # the same without autograd, and half the minimum for long inputs
+        assert op.channel_groups(batch=2) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), slice(12, 13)]
+        monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 32)
         assert op.channel_groups(batch=2) == [slice(i, i + 1) for i in range(13)]
     torch.testing.assert_close(op(x), whole, atol=1e-6, rtol=0)
     with torch.no_grad():  # without autograd the groups are written into one output in place
         torch.testing.assert_close(op(x), whole.detach(), atol=1e-6, rtol=0)
-    # At the defaults (2^19 elements, at least 32 channels; without autograd 2^18 and 16): one group for (8, 128)
-    # (groups of 256 channels would be only three), then groups of 128 and 64 channels for a 4096-long sequence,
-    # 32 and 16 for a 16384-long one.
+    # At the defaults (2^19 elements, at least 32 channels; without autograd from 8192 tokens on, 2^18 and 16): one
+    # group for (8, 128) (groups of 256 channels would be only three), groups of 128 channels for a 4096-long
+    # sequence, 32 (16 without autograd) for a 16384-long one.
     monkeypatch.undo()
     assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
     groups = OrchidOperator(768, 4096).channel_groups(batch=1)
@@ -556,7 +558,7 @@ def test_channel_groups_cover_every_channel_once(channel_groups, monkeypatch):
     assert len(OrchidOperator(768, 16384).channel_groups(batch=1)) == 24
     with torch.no_grad():
         assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
-        assert len(OrchidOperator(768, 4096).channel_groups(batch=1)) == 12
+        assert len(OrchidOperator(768, 4096).channel_groups(batch=1)) == 6
         assert len(OrchidOperator(768, 16384).channel_groups(batch=1)) == 48
 
 
