@@ -509,21 +509,28 @@ def test_linear_falls_back_to_f_linear_where_torch_lacks_the_onednn_op(monkeypat
     assert orchid_layers._onednn_linear_op() is not None
 
 
-@pytest.mark.parametrize(("mlp_type", "mlp_num_blocks", "calls"), [("glu", 4, 2 + 2 + 4), ("glu", 1, 3), ("mlp", 4, 8)])
+@pytest.mark.parametrize(
+    ("mlp_type", "mlp_num_blocks", "calls"),
+    [("glu", 4, 4 + 4 + 4), ("glu", 3, 3 + 3 + 3), ("glu", 1, 3), ("mlp", 4, 8)],
+)
 def test_mlp_without_autograd_runs_its_gemms_with_the_activation_fused(mlp_type, mlp_num_blocks, calls, monkeypatch):
-    # GLU with 4 blocks: two gate pieces (activation fused), two value pieces, four down blocks.
+    # GLU with 4 blocks: a gate piece (activation fused) and a value piece per block of down_proj, and the four
+    # down blocks; each reads a contiguous input, the up blocks' input slices copied once.
+    contiguous = []
     seen = []
 
     def counting(*args, **kwargs):
         seen.append(kwargs.get("activation"))
+        contiguous.append(args[0].is_contiguous())
         return orchid_layers.onednn_linear(*args, **kwargs)
 
     monkeypatch.setattr(modeling_orchid, "onednn_linear", counting)
     torch.manual_seed(0)
-    mlp = modeling_orchid.OrchidMLP(tiny_text_config(mlp_type=mlp_type, mlp_num_blocks=mlp_num_blocks)).eval()
-    x = torch.randn(2, 9, 32)
+    config = tiny_text_config(mlp_type=mlp_type, mlp_num_blocks=mlp_num_blocks, hidden_size=48, intermediate_size=96)
+    mlp = modeling_orchid.OrchidMLP(config).eval()
+    x = torch.randn(2, 9, 48)
     with torch.no_grad():
         fused = mlp(x)
-    assert len(seen) == calls
-    assert seen.count("gelu") == (mlp_num_blocks if mlp_type == "mlp" else max(1, mlp_num_blocks // 2))
+    assert len(seen) == calls and all(contiguous)
+    assert seen.count("gelu") == mlp_num_blocks
     torch.testing.assert_close(fused, mlp(x).detach(), atol=1e-6, rtol=0)
