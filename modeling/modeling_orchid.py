@@ -288,7 +288,7 @@ class OrchidLayer(GradientCheckpointingLayer):
             return False
         if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
             return False
-        modules = (self.mixer, self.mixer_norm, self.mlp, self.mlp_norm)
+        modules = (self.mixer, self.mixer_dropout, self.mixer_norm, self.mlp, self.mlp_norm)
         return not any(module._forward_hooks or module._forward_pre_hooks for module in modules)
 
     def _forward_in_chunks(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

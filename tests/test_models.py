@@ -456,6 +456,12 @@ def test_hooks_keep_the_whole_sequence_layer_path(monkeypatch):
         hooked = model(input_ids).last_hidden_state
     assert torch.equal(seen["mixer"][0], seen["mixer"][1]) and seen["mlp"] == (3, 20, 32)
     torch.testing.assert_close(hooked, expected, atol=1e-6, rtol=0)
+    # The chunked path skips the dropout after the mixer (identity in eval mode), so a hook there keeps it off too.
+    other = model.encoder.layer[1]
+    other.mixer_dropout.register_forward_hook(lambda module, args, out: seen.update(dropout=out.shape))
+    with torch.no_grad():
+        model(input_ids)
+    assert seen["dropout"] == (3, 20, 32)
 
 
 REFERENCE_ACTIVATIONS = {
