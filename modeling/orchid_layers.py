@@ -469,12 +469,15 @@ def convolve_seq(
 
 # The operator mixes groups of channels of about this many elements per (B, N, group) tensor in turn
 # (2 MiB in float32), and never fewer channels than the minimum, which keeps the GEMMs and vector loops wide.
-# Without autograd, inputs of at least LONG_INPUT_TOKENS (B x N) halve both: no group's tensors are kept for
-# backward, so smaller groups lower the peak (at (1, 16384) from 66 to 57 MiB, the output's 48 included) at a
-# cost of about 2% in time; shorter inputs keep the faster full-size groups.
+# Without autograd, inputs of at least LONG_INPUT_TOKENS (B x N) run each group's transforms on halves of its
+# channels, and its short convolution in place: no group's tensors are kept for backward, so this lowers the
+# peak (at (1, 16384) to 58 MiB, the output's 48 included), while the input projection keeps reading the input
+# once per full-size group.
 CHANNEL_GROUP_ELEMENTS = 2**19
 MIN_CHANNEL_GROUP = 32
 LONG_INPUT_TOKENS = 8192
+# The in-place short convolution works on chunks of positions of about this many elements.
+SHORT_CONV_CHUNK_ELEMENTS = 2**18
 
 # Every step between the operator's projections acts on each channel alone, so its modules accept a subset
 # of their channels: a slice, or an index tensor for the three gates of the input projection.
@@ -504,15 +507,54 @@ class ShortConv1d(nn.Module):
         than the transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an
         index tensor) says which of the layer's channels x holds."""
         pad = self.kernel_size // 2
+        weight, bias = self._weights(x, channels)
+        if self._wraps(x, wrap):
+            return self._convolve(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias, 0)
+        return self._convolve(x, weight, bias, pad)
+
+    def forward_in_place(self, x: torch.Tensor, wrap: bool = True, channels: Channels = ALL_CHANNELS) -> torch.Tensor:
+        """:meth:`forward` written over x, without autograd, in chunks of positions: the output never exists
+        beside its input. A chunk's output is written back after the next chunk, whose border it overwrites,
+        has been computed."""
+        pad = self.kernel_size // 2
+        length = x.shape[1]
+        chunk = max(SHORT_CONV_CHUNK_ELEMENTS // (x.shape[0] * x.shape[2]), pad + 1)
+        if length <= chunk:
+            return x.copy_(self(x, wrap, channels))
+        weight, bias = self._weights(x, channels)
+        if self._wraps(x, wrap):
+            before, after = x[:, length - pad :].clone(), x[:, :pad].clone()
+        else:
+            before = after = x.new_zeros(x.shape[0], pad, x.shape[2])
+        pending = None
+        for start in range(0, length, chunk):
+            stop = min(start + chunk, length)
+            window = [x[:, max(start - pad, 0) : min(stop + pad, length)]]
+            if start == 0:
+                window.insert(0, before)
+            if stop == length:
+                window.append(after)
+            out = self._convolve(torch.cat(window, dim=1) if len(window) > 1 else window[0], weight, bias, 0)
+            if pending is not None:
+                x[:, pending[0]] = pending[1]
+            pending = (slice(start, stop), out)
+        x[:, pending[0]] = pending[1]
+        return x
+
+    def _weights(self, x: torch.Tensor, channels: Channels) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
         weight = self.conv.weight[channels].to(x.dtype).unsqueeze(2)  # (C, 1, 1, k)
         bias = None if self.conv.bias is None else self.conv.bias[channels].to(x.dtype)
+        return weight, bias
+
+    def _wraps(self, x: torch.Tensor, wrap: bool) -> bool:
+        pad = self.kernel_size // 2
+        return pad > 0 and wrap and self.padding_mode == "circular" and x.shape[1] >= pad
+
+    @staticmethod
+    def _convolve(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad: int) -> torch.Tensor:
         image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
-        padding = (0, pad)
-        if pad and wrap and self.padding_mode == "circular" and x.shape[1] >= pad:
-            image = F.pad(image, (pad, pad, 0, 0), mode="circular")
-            padding = (0, 0)
-        out = F.conv2d(image, weight, bias, padding=padding, groups=weight.shape[0])
+        out = F.conv2d(image, weight, bias, padding=(0, pad), groups=weight.shape[0])
         return out.squeeze(2).transpose(1, 2)
 
 
@@ -885,7 +927,7 @@ class OrchidOperator(nn.Module):
         else:  # each group written into place, so the groups' outputs never exist twice
             y = x.new_empty(x.shape, dtype=compute_dtype)
             for channels in groups:
-                y[..., channels] = mix(channels)
+                mix(channels, out=y)
             if y.dtype == x.dtype:
                 return self._project_out_in_place(y)
         return self.out_proj(y.to(x.dtype))
@@ -901,15 +943,20 @@ class OrchidOperator(nn.Module):
         return y
 
     def channel_groups(self, batch: int) -> list[slice]:
-        """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels, half as
-        many without autograd from ``LONG_INPUT_TOKENS`` on."""
-        elements, minimum = CHANNEL_GROUP_ELEMENTS, MIN_CHANNEL_GROUP
-        if not torch.is_grad_enabled() and batch * self.max_len >= LONG_INPUT_TOKENS:
-            elements, minimum = elements // 2, max(1, minimum // 2)
-        width = max(elements // (batch * self.max_len) // minimum * minimum, minimum)
+        """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels."""
+        width = CHANNEL_GROUP_ELEMENTS // (batch * self.max_len) // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP
+        width = max(width, MIN_CHANNEL_GROUP)
         if 4 * width > self.d_model:  # fewer than four groups would save little and cost the copies
             return [ALL_CHANNELS]
         return [slice(start, min(start + width, self.d_model)) for start in range(0, self.d_model, width)]
+
+    def transform_parts(self, width: int, batch: int) -> list[slice]:
+        """The runs of a group's ``width`` channels whose transforms run together: halves without autograd from
+        ``LONG_INPUT_TOKENS`` on (see ``CHANNEL_GROUP_ELEMENTS``), else the whole group."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or batch * self.max_len < LONG_INPUT_TOKENS:
+            return [slice(0, width)]
+        half = max(-(-width // 2), 1)
+        return [slice(start, min(start + half, width)) for start in range(0, width, half)]
 
     def _mix_channels(
         self,
@@ -921,8 +968,10 @@ class OrchidOperator(nn.Module):
         conditioning_input: torch.Tensor | None,
         conditioning_mask: torch.Tensor | None,
         compute_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        """``s2 * (h * (s1 * v)) [+ h_res * x]`` for the given channels, masked: (B, L, channels)."""
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """``s2 * (h * (s1 * v)) [+ h_res * x]`` for the given channels, masked: (B, L, channels). Without autograd
+        it can write into ``out[..., channels]`` instead (and returns None), a part of the channels at a time."""
         n = self.max_len
         # A sequence shorter than the transform is zero-padded to it (inside the transforms, never
         # materialised): its circle closes over zeros, so circular padding becomes zero padding.
@@ -933,31 +982,67 @@ class OrchidOperator(nn.Module):
         rows = self._projection_rows(channels)  # in_proj's rows of s1, s2 and v for these channels
         projected = self._masked(linear(x, *linear_rows(self.in_proj, rows)), mask, inplace=True)
         width = projected.shape[-1] // 3
-        # The kernel first: h_theta reads v before the short convolution, and building it before the
+        first = range(self.d_model)[channels].start
+        parts = self.transform_parts(width, x.shape[0]) if out is not None else [slice(0, width)]
+        # The kernels first: h_theta reads v before the short convolution, and building them before the
         # convolution's output exists lowers the peak memory of a call by about a quarter.
+        spectra = []
         with torch.autocast(device_type=x.device.type, enabled=False):
-            spectrum = static[..., channels]
-            if self.conditioning is not None:
-                data = self._data_spectrum(
-                    projected[..., 2 * width :], mask, channels, conditioning_input, conditioning_mask, compute_dtype
+            for part in parts:
+                value = projected[..., 2 * width + part.start : 2 * width + part.stop]
+                part_channels = slice(first + part.start, first + part.stop)
+                spectra.append(
+                    self._kernel_multiplier(
+                        value, part_channels, static, mask, conditioning_input, conditioning_mask, compute_dtype
+                    )
                 )
-                data = prepare_multiplier(data, self.transform, n)
-                # The frequency convolution or gather that made `data` keeps its input, not its output.
-                spectrum = data.add_(spectrum) if data.dtype == spectrum.dtype else data + spectrum
-
-        gated = self.short_conv(projected, wrap, rows)
+        if len(parts) > 1:
+            gated = self.short_conv.forward_in_place(projected, wrap, rows)
+        else:
+            gated = self.short_conv(projected, wrap, rows)
         del projected
-        s1, s2, v = gated.split(width, dim=-1)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            u = self._masked((s1 * v).to(compute_dtype), mask, inplace=True)
-            y = convolve_seq(u, spectrum, self.transform, n, prepared=True)
-            y = y * s2 if grad else y.mul_(s2)
-            if residual is not None:
-                # Never in place: x is the caller's. A group's channels are a strided view of x, which the
-                # transform's first step (a gather or a GEMM) reads as it is.
-                block_input = self._masked(x[..., channels].to(compute_dtype), mask)
-                y = convolve_seq(block_input, residual[..., channels], self.transform, n, accumulate=y, prepared=True)
-            return self._masked(y, mask, inplace=True)
+        for part in parts:
+            spectrum = spectra.pop(0)  # dropped once used: the next part's transforms reuse its memory
+            s1, s2, v = [gated[..., k * width + part.start : k * width + part.stop] for k in range(3)]
+            part_channels = slice(first + part.start, first + part.stop)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                # The gated tensor is fresh: without autograd the product goes into s1's place.
+                u = self._masked((s1 * v if grad else s1.mul_(v)).to(compute_dtype), mask, inplace=True)
+                y = convolve_seq(u, spectrum, self.transform, n, prepared=True)
+                del u, spectrum
+                y = y * s2 if grad else y.mul_(s2)
+                if residual is not None:
+                    # Never in place: x is the caller's. A group's channels are a strided view of x, which the
+                    # transform's first step (a gather or a GEMM) reads as it is.
+                    block_input = self._masked(x[..., part_channels].to(compute_dtype), mask)
+                    y = convolve_seq(
+                        block_input, residual[..., part_channels], self.transform, n, accumulate=y, prepared=True
+                    )
+                y = self._masked(y, mask, inplace=True)
+            if out is None:
+                return y
+            out[..., part_channels] = y
+            del y
+        return None
+
+    def _kernel_multiplier(
+        self,
+        value: torch.Tensor,
+        channels: slice,
+        static: torch.Tensor,
+        mask: torch.Tensor | None,
+        conditioning_input: torch.Tensor | None,
+        conditioning_mask: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """The multiplier of h = h0 + h_theta for these channels, from v before the short convolution."""
+        spectrum = static[..., channels]
+        if self.conditioning is None:
+            return spectrum
+        data = self._data_spectrum(value, mask, channels, conditioning_input, conditioning_mask, compute_dtype)
+        data = prepare_multiplier(data, self.transform, self.max_len)
+        # The frequency convolution or gather that made `data` keeps its input, not its output.
+        return data.add_(spectrum) if data.dtype == spectrum.dtype else data + spectrum
 
     # -- helpers, in the order forward uses them --------------------------------------------------
 

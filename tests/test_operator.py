@@ -541,25 +541,84 @@ def test_channel_groups_cover_every_channel_once(channel_groups, monkeypatch):
     monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
     monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
     assert op.channel_groups(batch=2) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), slice(12, 13)]
-    with torch.no_grad():  # the same without autograd, and half the minimum for long inputs
+    with torch.no_grad():  # the same without autograd, also for long inputs (whose transforms run in parts)
         assert op.channel_groups(batch=2) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), slice(12, 13)]
         monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 32)
-        assert op.channel_groups(batch=2) == [slice(i, i + 1) for i in range(13)]
+        assert op.channel_groups(batch=2) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 12), slice(12, 13)]
     torch.testing.assert_close(op(x), whole, atol=1e-6, rtol=0)
     with torch.no_grad():  # without autograd the groups are written into one output in place
         torch.testing.assert_close(op(x), whole.detach(), atol=1e-6, rtol=0)
-    # At the defaults (2^19 elements, at least 32 channels; without autograd from 8192 tokens on, 2^18 and 16): one
-    # group for (8, 128) (groups of 256 channels would be only three), groups of 128 channels for a 4096-long
-    # sequence, 32 (16 without autograd) for a 16384-long one.
+    # At the defaults (2^19 elements, at least 32 channels): one group for (8, 128) (groups of 256 channels would be
+    # only three), groups of 128 channels for a 4096-long sequence, 32 for a 16384-long one, with or without autograd.
     monkeypatch.undo()
-    assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
-    groups = OrchidOperator(768, 4096).channel_groups(batch=1)
-    assert len(groups) == 6 and all(g.stop - g.start == 128 for g in groups) and groups[-1].stop == 768
-    assert len(OrchidOperator(768, 16384).channel_groups(batch=1)) == 24
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
+            groups = OrchidOperator(768, 4096).channel_groups(batch=1)
+            assert len(groups) == 6 and all(g.stop - g.start == 128 for g in groups) and groups[-1].stop == 768
+            assert len(OrchidOperator(768, 16384).channel_groups(batch=1)) == 24
+
+
+def test_transform_parts_halve_groups_of_long_inputs_without_autograd():
+    op = OrchidOperator(768, 16384)
+    assert op.transform_parts(32, batch=1) == [slice(0, 32)]  # autograd keeps whole groups
     with torch.no_grad():
-        assert OrchidOperator(768, 128).channel_groups(batch=8) == [slice(None)]
-        assert len(OrchidOperator(768, 4096).channel_groups(batch=1)) == 6
-        assert len(OrchidOperator(768, 16384).channel_groups(batch=1)) == 48
+        assert op.transform_parts(32, batch=1) == [slice(0, 16), slice(16, 32)]
+        assert op.transform_parts(5, batch=1) == [slice(0, 3), slice(3, 5)]
+        assert op.transform_parts(1, batch=1) == [slice(0, 1)]
+        # Below LONG_INPUT_TOKENS (B x N) the whole group.
+        assert OrchidOperator(768, 4096).transform_parts(128, batch=1) == [slice(0, 128)]
+        assert OrchidOperator(768, 4096).transform_parts(64, batch=2) == [slice(0, 32), slice(32, 64)]
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "circular"])
+@pytest.mark.parametrize("kernel_size", [1, 3, 5])
+@pytest.mark.parametrize("chunk_elements", [1, 60, 2**18])
+def test_short_conv_in_place_equals_the_direct_convolution(padding_mode, kernel_size, chunk_elements, monkeypatch):
+    # Chunks of 1 position (the smallest the border allows), of a few positions, and the whole sequence at once.
+    monkeypatch.setattr(orchid_layers, "SHORT_CONV_CHUNK_ELEMENTS", chunk_elements)
+    torch.manual_seed(0)
+    conv = orchid_layers.ShortConv1d(7, kernel_size, padding_mode)
+    channels = torch.tensor([6, 0, 3])  # a subset, in the order the operator's index tensors use
+    weight, bias = to_np(conv.conv.weight)[channels.numpy(), 0], to_np(conv.conv.bias)[channels.numpy()]
+    for length in (1, 2, 5, 23):
+        for wrap in (True, False):
+            x = torch.randn(2, length, 3)
+            expected = conv(x, wrap, channels).detach()
+            circular = padding_mode == "circular" and wrap and length >= kernel_size // 2
+            direct = _circular_depthwise if circular else _zero_padded_depthwise
+            reference = np.stack([direct(to_np(seq).T, weight, bias).T for seq in x])
+            np.testing.assert_allclose(to_np(expected), reference, atol=1e-5, rtol=0)
+            with torch.no_grad():
+                written = x.clone()
+                assert conv.forward_in_place(written, wrap, channels) is written
+            torch.testing.assert_close(written, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("transform", "n"), [("dct", 64), ("dct", 256), ("fft", 256)])
+@pytest.mark.parametrize(("data_dependent", "cross"), [(True, False), (True, True), (False, False)])
+def test_inference_in_parts_equals_the_autograd_forward(transform, n, data_dependent, cross, monkeypatch):
+    # Long inputs without autograd run each group's transforms on halves of its channels, after an in-place short
+    # convolution in chunks; here every input counts as long, with groups of 4 channels and chunks of 5 positions.
+    # cross: the kernel from another sequence (Remark 3.3), which needs the data-dependent kernel.
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 4)
+    monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 1)
+    monkeypatch.setattr(orchid_layers, "SHORT_CONV_CHUNK_ELEMENTS", 5 * 2 * 3 * 4)
+    torch.manual_seed(0)
+    op = OrchidOperator(18, n, transform=transform, data_dependent=data_dependent).eval()
+    x = torch.randn(2, n - 7, 18)
+    mask = torch.ones(2, n - 7, dtype=torch.long)
+    mask[1, n // 2 :] = 0
+    other = dict(conditioning_input=torch.randn(2, n - 20, 18)) if cross else {}
+    with torch.no_grad():
+        assert op.channel_groups(batch=2)[-1] == slice(16, 18)
+        assert op.transform_parts(4, batch=2) == [slice(0, 2), slice(2, 4)]
+    recorded = op(x, mask, **other)
+    assert recorded.requires_grad
+    with torch.no_grad():
+        inference = op(x, mask, **other)
+    torch.testing.assert_close(inference, recorded.detach(), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("padding", [16, 0])
