@@ -478,6 +478,9 @@ MIN_CHANNEL_GROUP = 32
 LONG_INPUT_TOKENS = 8192
 # The in-place short convolution works on chunks of positions of about this many elements.
 SHORT_CONV_CHUNK_ELEMENTS = 2**18
+# The in-place output projection works on chunks of tokens of about this many elements (4 MiB in float32): GEMMs
+# of 1,365 tokens at d = 768 ran 6% faster than of 682, and the peak of a call comes earlier, while groups mix.
+PROJECTION_CHUNK_ELEMENTS = 2**20
 
 # Every step between the operator's projections acts on each channel alone, so its modules accept a subset
 # of their channels: a slice, or an index tensor for the three gates of the input projection.
@@ -936,7 +939,7 @@ class OrchidOperator(nn.Module):
         """``out_proj(y)`` written over y, a few tokens at a time (it acts on each token alone), so that the
         output never exists beside its input: on long inputs it is the largest tensor of a call."""
         tokens = y.view(-1, self.d_model)
-        rows = max(1, CHANNEL_GROUP_ELEMENTS // self.d_model)
+        rows = max(1, PROJECTION_CHUNK_ELEMENTS // self.d_model)
         for start in range(0, tokens.shape[0], rows):
             chunk = tokens[start : start + rows]
             chunk.copy_(self.out_proj(chunk))

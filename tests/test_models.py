@@ -399,13 +399,17 @@ def test_inference_forward_equals_the_autograd_forward(
     # with ONEDNN_LINEAR off, the GLU updates its up-projection in place and the block-diagonal layers write straight
     # into their outputs), the MLP runs on chunks of tokens and the operator in groups of channels with out_proj
     # written over its input; the result must not differ from the path autograd records. Chunks of 7 tokens (the
-    # last one shorter) and channel groups of 3 stand in for long inputs.
+    # last one shorter) and channel groups of 3 stand in for long inputs, whose groups' transforms run in parts
+    # after an in-place short convolution.
     monkeypatch.setattr(orchid_layers, "ONEDNN_LINEAR", onednn)
     if chunked:
         monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
         monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
         monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
         monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+        monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 1)
+        monkeypatch.setattr(orchid_layers, "SHORT_CONV_CHUNK_ELEMENTS", 1)
+        monkeypatch.setattr(orchid_layers, "PROJECTION_CHUNK_ELEMENTS", 1)
     torch.manual_seed(0)
     config = tiny_text_config(hidden_act=hidden_act, mlp_type=mlp_type, mlp_num_blocks=mlp_num_blocks)
     model = OrchidModel(config).eval()

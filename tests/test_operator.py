@@ -26,10 +26,11 @@ LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 @pytest.fixture(autouse=True, params=["channels together", "channels in groups"])
 def channel_groups(request, monkeypatch):
     """Every test runs twice: all channels in one group, and one channel per group, which is how long inputs run
-    (in groups of 32 channels and more)."""
+    (in groups of 32 channels and more); there the output projection also goes a token at a time."""
     if request.param == "channels in groups":
         monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
         monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
+        monkeypatch.setattr(orchid_layers, "PROJECTION_CHUNK_ELEMENTS", 1)
     return request.param
 
 
@@ -605,6 +606,7 @@ def test_inference_in_parts_equals_the_autograd_forward(transform, n, data_depen
     monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 4)
     monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 1)
     monkeypatch.setattr(orchid_layers, "SHORT_CONV_CHUNK_ELEMENTS", 5 * 2 * 3 * 4)
+    monkeypatch.setattr(orchid_layers, "PROJECTION_CHUNK_ELEMENTS", 3 * 18)
     torch.manual_seed(0)
     op = OrchidOperator(18, n, transform=transform, data_dependent=data_dependent).eval()
     x = torch.randn(2, n - 7, 18)
