@@ -141,7 +141,8 @@ def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
             # Code from before oneDNN linear layers (round 3) ran the MLP's unfused path.
             module.fusable = module.fusable and hasattr(reference, "onednn_linear")
         if isinstance(module, OrchidLayer):
-            module.chunked_inference = False  # the layer's whole-sequence path, as before round 4
+            # The layers' token-chunk path came with round 4, as did LONG_INPUT_TOKENS in the operator's module.
+            module.chunked_inference = hasattr(reference, "LONG_INPUT_TOKENS")
     return model
 
 
