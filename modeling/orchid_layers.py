@@ -992,11 +992,16 @@ class OrchidOperator(nn.Module):
         spectra = []
         with torch.autocast(device_type=x.device.type, enabled=False):
             for part in parts:
-                value = projected[..., 2 * width + part.start : 2 * width + part.stop]
-                part_channels = slice(first + part.start, first + part.stop)
+                # v of this part, sliced in the call: a view kept in a variable would keep all of `projected`.
                 spectra.append(
                     self._kernel_multiplier(
-                        value, part_channels, static, mask, conditioning_input, conditioning_mask, compute_dtype
+                        projected[..., 2 * width + part.start : 2 * width + part.stop],
+                        slice(first + part.start, first + part.stop),
+                        static,
+                        mask,
+                        conditioning_input,
+                        conditioning_mask,
+                        compute_dtype,
                     )
                 )
         if len(parts) > 1:
