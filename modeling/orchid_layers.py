@@ -987,16 +987,17 @@ class OrchidOperator(nn.Module):
         width = projected.shape[-1] // 3
         first = range(self.d_model)[channels].start
         parts = self.transform_parts(width, x.shape[0]) if out is not None else [slice(0, width)]
+        parts_channels = [slice(first + part.start, first + part.stop) for part in parts]  # the layer's channels
         # The kernels first: h_theta reads v before the short convolution, and building them before the
         # convolution's output exists lowers the peak memory of a call by about a quarter.
         spectra = []
         with torch.autocast(device_type=x.device.type, enabled=False):
-            for part in parts:
+            for part, part_channels in zip(parts, parts_channels):
                 # v of this part, sliced in the call: a view kept in a variable would keep all of `projected`.
                 spectra.append(
                     self._kernel_multiplier(
                         projected[..., 2 * width + part.start : 2 * width + part.stop],
-                        slice(first + part.start, first + part.stop),
+                        part_channels,
                         static,
                         mask,
                         conditioning_input,
@@ -1009,10 +1010,9 @@ class OrchidOperator(nn.Module):
         else:
             gated = self.short_conv(projected, wrap, rows)
         del projected
-        for part in parts:
+        for part, part_channels in zip(parts, parts_channels):
             spectrum = spectra.pop(0)  # dropped once used: the next part's transforms reuse its memory
             s1, s2, v = [gated[..., k * width + part.start : k * width + part.stop] for k in range(3)]
-            part_channels = slice(first + part.start, first + part.stop)
             with torch.autocast(device_type=x.device.type, enabled=False):
                 # The gated tensor is fresh: without autograd the product goes into s1's place.
                 u = self._masked((s1 * v if grad else s1.mul_(v)).to(compute_dtype), mask, inplace=True)
