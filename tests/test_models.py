@@ -421,43 +421,14 @@ def test_inference_forward_equals_the_autograd_forward(
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize(("hidden_act", "mlp_type", "mlp_num_blocks"), [("gelu", "glu", 4), ("gelu", "glu", 1),
-                                                                       ("relu", "mlp", 4), ("gelu_new", "glu", 4)])
-def test_mlp_add_to_writes_residual_plus_output_into_the_residual(hidden_act, mlp_type, mlp_num_blocks):
-    # The fused path adds each down-projection block's output into its columns of the residual. In post-norm layers
-    # the residual is the MLP's input itself, whose blocks later pieces still read: they must be read first.
-    torch.manual_seed(0)
-    config = tiny_text_config(hidden_act=hidden_act, mlp_type=mlp_type, mlp_num_blocks=mlp_num_blocks)
-    mlp = modeling_orchid.OrchidMLP(config).eval()
-    for tokens in (9, 1):  # one token's blocks are contiguous slices, which oneDNN would read without a copy
-        hidden, other = torch.randn(tokens, 32), torch.randn(tokens, 32)
-        with torch.no_grad():
-            expected_self, expected_other = hidden + mlp(hidden), other + mlp(hidden)
-            aliased = hidden.clone()
-            out = mlp.add_to(aliased, aliased)
-            assert out.data_ptr() == aliased.data_ptr()
-            torch.testing.assert_close(out, expected_self, atol=1e-6, rtol=0)
-            before = hidden.clone()
-            out = mlp.add_to(hidden, other)
-            assert out.data_ptr() == other.data_ptr() and torch.equal(hidden, before)
-            torch.testing.assert_close(out, expected_other, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match="grad_enabled=True"):
-        mlp.add_to(hidden, hidden.clone())
-    with torch.no_grad(), pytest.raises(ValueError, match="training=True"):
-        mlp.train().add_to(hidden, hidden.clone())
-
-
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_layers_run_in_token_chunks_for_inference_and_match_autograd(pre_norm, monkeypatch):
     # In eval mode without autograd, everything after the mixer runs on chunks of tokens over the mixer's output.
     monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
     monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
     calls = []
-    forward, add_to = modeling_orchid.OrchidMLP.forward, modeling_orchid.OrchidMLP.add_to
+    forward = modeling_orchid.OrchidMLP.forward
     monkeypatch.setattr(modeling_orchid.OrchidMLP, "forward", lambda self, x: calls.append(x.shape) or forward(self, x))
-    monkeypatch.setattr(
-        modeling_orchid.OrchidMLP, "add_to", lambda self, x, r: calls.append(("add_to", x.shape)) or add_to(self, x, r)
-    )
     torch.manual_seed(0)
     config = tiny_text_config(pre_norm=pre_norm)
     model = OrchidModel(config).eval()
@@ -468,8 +439,7 @@ def test_layers_run_in_token_chunks_for_inference_and_match_autograd(pre_norm, m
     with torch.no_grad():
         inference = model(input_ids).last_hidden_state
     assert model.encoder.layer[0].mlp.token_chunks(60) == [slice(i, i + 8) for i in range(0, 56, 8)] + [slice(56, 60)]
-    # Seven chunks of 8 tokens and one of 4 in each layer, each added into its residual by the fused path.
-    assert calls == ([("add_to", (8, 32))] * 7 + [("add_to", (4, 32))]) * 2
+    assert calls == ([(8, 32)] * 7 + [(4, 32)]) * 2  # seven chunks of 8 tokens and one of 4, in each layer
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
 
 
