@@ -93,6 +93,25 @@ def test_math_attention_memory_guard_is_quadratic():
     )
 
 
+def test_a_speedup_just_below_its_target_is_shown_and_counted_as_missed():
+    # 184,979.5 / 23,130.8 = 7.9972: two decimals would print "8.00x" next to "NOT met".
+    assert benchmark.format_speedup(184979.5 / 23130.8, 8.0) == "7.997x"
+    assert benchmark.format_speedup(7.99996, 8.0) == "7.99996x"
+    assert benchmark.format_speedup(7.4712, 8.0) == "7.47x"
+    assert benchmark.format_speedup(8.0, 8.0) == "8.00x" and benchmark.format_speedup(1.5749) == "1.57x"
+    records = [
+        dict(part="model", impl=impl, batch=1, length=16384, time_s=time_s, peak_bytes=2**20)
+        for impl, time_s in (("orchid", 1.0), ("bert", 7.99996))
+    ]
+    cfg = dict(exponent_range=(8192, 65536), operator_impls=[], modes=["forward"], model_shapes=[(1, 16384)],
+               memory_length=16384)
+    summary = benchmark.summarize(records, cfg)
+    assert summary["model_speedups"]["1x16384"]["speedup"] == 8.0  # rounded for the JSON
+    assert summary["targets"] == {"speedup 1x16384 >= 8.0": False}
+    records[1]["time_s"] = 8.0
+    assert benchmark.summarize(records, cfg)["targets"] == {"speedup 1x16384 >= 8.0": True}
+
+
 # ---------------------------------------------------------------------------------------------
 # Fast paths compute what the plain paths compute
 # ---------------------------------------------------------------------------------------------
@@ -177,3 +196,4 @@ def test_operator_compiles_as_one_graph(max_len):
     assert torch.isfinite(x.grad).all()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, mask), expected.detach(), atol=1e-5, rtol=1e-5)
+
