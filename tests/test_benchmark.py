@@ -196,4 +196,3 @@ def test_operator_compiles_as_one_graph(max_len):
     assert torch.isfinite(x.grad).all()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, mask), expected.detach(), atol=1e-5, rtol=1e-5)
-
