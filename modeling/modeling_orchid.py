@@ -27,12 +27,14 @@ from transformers.utils.generic import can_return_tuple
 
 from .configuration_orchid import OrchidConfig
 from .orchid_layers import (
+    ALL_CHANNELS,
     ONEDNN_ACTIVATIONS,
     BlockDiagonalLinear,
     ImplicitLongFilter,
     Linear,
     OrchidOperator,
     Sin,
+    linear_rows,
     onednn_linear,
     onednn_linear_applies,
 )
@@ -181,7 +183,6 @@ class OrchidMLP(nn.Module):
         self.down_proj = feature_linear(config.intermediate_size, config.hidden_size, config.mlp_num_blocks)
         self.hidden_act = config.hidden_act
         self.act = ACT2FN[config.hidden_act]
-        self.inplace_act = INPLACE_ACTIVATIONS.get(config.hidden_act)
         # The fused path needs oneDNN to know the activation (see _fused_mix_features).
         self.fusable = config.hidden_act in ONEDNN_ACTIVATIONS
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -210,9 +211,11 @@ class OrchidMLP(nn.Module):
         hidden_states = self.up_proj(hidden_states)
         if self.is_glu:
             gate, value = hidden_states.chunk(2, dim=-1)
-            if self.inplace_act is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            # Looked up here, not kept: a module holding a torch op or a lambda could not be pickled.
+            inplace_act = INPLACE_ACTIVATIONS.get(self.hidden_act)
+            if inplace_act is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
                 # A strided view into the up-projection's output; the down-projection reads it as it is.
-                hidden_states = self.inplace_act(gate).mul_(value)
+                hidden_states = inplace_act(gate).mul_(value)
             else:
                 hidden_states = self.act(gate) * value
         else:
@@ -244,7 +247,7 @@ class OrchidMLP(nn.Module):
                 # In place on the fresh gate: measured faster than oneDNN's binary post-op for the product.
                 activated.mul_(up(width + start))
             if num_blocks == 1:
-                return onednn_linear(activated, self.down_proj.weight, self.down_proj.bias)
+                return onednn_linear(activated, *linear_rows(self.down_proj, ALL_CHANNELS))
             outputs.append(onednn_linear(activated, *self.down_proj.block_parameters(k)))
         return torch.cat(outputs, dim=-1)
 

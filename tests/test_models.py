@@ -1,6 +1,9 @@
 """The Orchid model family in transformers: config, presets, heads, Auto classes, padding, checkpoints."""
 
+import copy
 import functools
+import gc
+import io
 import types
 
 import pytest
@@ -517,6 +520,90 @@ def test_linear_falls_back_to_f_linear_where_torch_lacks_the_onednn_op(monkeypat
         monkeypatch.undo()
         orchid_layers._onednn_linear_op.cache_clear()
     assert orchid_layers._onednn_linear_op() is not None
+
+
+def counting_packs(monkeypatch) -> list:
+    """Replaces the packing op with one that records the shape of each weight it packs."""
+    packed, real = [], orchid_layers._pack_op()
+
+    def pack(weight, batch):
+        packed.append(tuple(weight.shape))
+        return real(weight, batch)
+
+    monkeypatch.setattr(orchid_layers, "_pack_op", lambda: pack)
+    return packed
+
+
+def test_packed_weights_give_the_plain_results_and_are_packed_once_per_version(monkeypatch):
+    packed = counting_packs(monkeypatch)
+    torch.manual_seed(0)
+    dense = orchid_layers.Linear(16, 12)
+    blocks = orchid_layers.BlockDiagonalLinear(16, 24, num_blocks=4)
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(dense(x), F.linear(x, dense.weight, dense.bias), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(blocks(x), blocks(x.requires_grad_()).detach(), atol=1e-5, rtol=1e-5)
+            x.requires_grad_(False)
+    assert packed == [(12, 16)] + [(6, 4)] * 4  # the second calls reuse the packed copies
+    with torch.no_grad():
+        assert all(blocks.block_parameters(i)[0].layout == torch._mkldnn for i in range(4))
+    # An update in place (an optimizer step) and load_state_dict both make the next call pack again.
+    with torch.no_grad():
+        dense.weight.mul_(2.0)
+        blocks.load_state_dict({name: torch.randn_like(value) for name, value in blocks.state_dict().items()})
+        torch.testing.assert_close(dense(x), F.linear(x, dense.weight, dense.bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(blocks(x), blocks(x.requires_grad_()).detach(), atol=1e-5, rtol=1e-5)
+    assert packed == ([(12, 16)] + [(6, 4)] * 4) * 2
+
+
+def test_weights_are_packed_only_where_onednn_multiplies_by_them_without_autograd(monkeypatch):
+    packed = counting_packs(monkeypatch)
+    torch.manual_seed(0)
+    dense, x = orchid_layers.Linear(8, 4), torch.randn(2, 8)
+    dense(x)  # autograd records: F.linear with the parameter itself
+    with torch.no_grad():
+        dense.double()(x.double())
+        monkeypatch.setattr(orchid_layers, "PACK_WEIGHTS", False)
+        dense.float()(x)
+    assert packed == []
+    with torch.inference_mode():
+        made_in_inference_mode = orchid_layers.Linear(8, 4)  # no version counter to tell its updates apart
+        made_in_inference_mode(x)
+    assert packed == []
+
+
+def test_packed_copies_are_bounded_and_go_with_their_parameter(monkeypatch):
+    monkeypatch.setattr(orchid_layers, "PACKED_ROWS_LIMIT", 2)
+    dense = orchid_layers.Linear(8, 12)
+    with torch.no_grad():
+        for start in range(12):
+            orchid_layers.linear_rows(dense, slice(start, start + 3))
+        packs = orchid_layers._PACKED_WEIGHTS[id(dense.weight)][1]
+        assert 0 < sum(w.numel() for w in packs.values()) <= 2 * dense.weight.numel()
+    key = id(dense.weight)
+    del dense, packs
+    gc.collect()
+    assert key not in orchid_layers._PACKED_WEIGHTS
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh"])
+def test_a_model_whose_weights_were_packed_can_be_copied_and_pickled(hidden_act):
+    # The packed copies are oneDNN tensors, which neither deepcopy nor pickle can handle: the modules must not hold
+    # them (nor the torch op or lambda of an in-place activation).
+    torch.manual_seed(0)
+    model = OrchidModel(tiny_text_config(hidden_act=hidden_act, mlp_type="glu")).eval()
+    input_ids = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        expected = model(input_ids).last_hidden_state
+        assert id(model.encoder.layer[0].mixer.in_proj.weight) in orchid_layers._PACKED_WEIGHTS
+        copied = copy.deepcopy(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        torch.testing.assert_close(copied(input_ids).last_hidden_state, expected, atol=0, rtol=0)
+        torch.testing.assert_close(loaded(input_ids).last_hidden_state, expected, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize(
