@@ -44,6 +44,10 @@ from .orchid_layers import (
 # ---------------------------------------------------------------------------------------------
 
 
+# Without autograd, the embeddings' LayerNorm runs on chunks of tokens of about this many elements (4 MiB in float32).
+EMBEDDING_CHUNK_ELEMENTS = 2**20
+
+
 class OrchidEmbeddings(nn.Module):
     """Word, learned position and token-type embeddings, then LayerNorm and dropout (as BERT)."""
 
@@ -65,6 +69,8 @@ class OrchidEmbeddings(nn.Module):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if inputs_embeds is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return self.dropout(self._embed_in_place(input_ids, token_type_ids, position_ids))
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         length = inputs_embeds.shape[1]
@@ -76,6 +82,29 @@ class OrchidEmbeddings(nn.Module):
                 token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
             embeddings = embeddings + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(embeddings))
+
+    def _embed_in_place(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The sum and LayerNorm without autograd, in the word embeddings' fresh tensor: the default positions and
+        token types are added as rows of their tables, with no lookup, and the LayerNorm runs on chunks of tokens
+        written back. At (1, 16384) each sequence-sized tensor that this avoids is a fresh 48 MiB mapping."""
+        embeddings = self.word_embeddings(input_ids)
+        length = embeddings.shape[1]
+        if position_ids is None:
+            embeddings.add_(self.position_embeddings.weight[:length])
+        else:
+            embeddings.add_(self.position_embeddings(position_ids))
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                embeddings.add_(self.token_type_embeddings.weight[0])
+            else:
+                embeddings.add_(self.token_type_embeddings(token_type_ids))
+        tokens = embeddings.view(-1, embeddings.shape[-1])
+        rows = max(1, EMBEDDING_CHUNK_ELEMENTS // tokens.shape[-1])
+        for start in range(0, tokens.shape[0], rows):
+            tokens[start : start + rows] = self.LayerNorm(tokens[start : start + rows])
+        return embeddings
 
 
 def sinusoidal_position_embeddings_2d(grid_size: int, dim: int) -> torch.Tensor:
@@ -271,9 +300,13 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp = OrchidMLP(config)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``out``: a tensor like ``hidden_states`` that nothing reads any more, whose memory the output may take
+        (see :meth:`OrchidOperator.forward`)."""
         if self._runs_in_chunks(hidden_states):
-            return self._forward_in_chunks(hidden_states, attention_mask)
+            return self._forward_in_chunks(hidden_states, attention_mask, out)
         if self.pre_norm:
             mixed = self.mixer(self.mixer_norm(hidden_states), attention_mask)
             hidden_states = hidden_states + self.mixer_dropout(mixed)
@@ -294,14 +327,16 @@ class OrchidLayer(GradientCheckpointingLayer):
         modules = (self.mixer, self.mixer_dropout, self.mixer_norm, self.mlp, self.mlp_norm)
         return not any(module._forward_hooks or module._forward_pre_hooks for module in modules)
 
-    def _forward_in_chunks(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _forward_in_chunks(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """:meth:`forward` for inference. Everything after the mixer acts on each token alone, so it runs on chunks
         of tokens written over the mixer's output, a fresh tensor that becomes the layer's output. A chunk's
         tensors stay in cache and reuse each other's memory, where the whole-sequence path allocates five more
         tensors of the input's size (two sums, two LayerNorm outputs, the MLP's output): at (1, 16384) each is a
         fresh 48 MiB mapping whose first touch costs about as much as the pass that fills it."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
-        out = self.mixer(mixer_input, attention_mask)
+        out = self.mixer(mixer_input, attention_mask, out=out)
         tokens = out.view(-1, out.shape[-1])
         inputs = hidden_states.reshape(-1, hidden_states.shape[-1])
         for chunk in self.mlp.token_chunks(tokens.shape[0]):
@@ -315,6 +350,10 @@ class OrchidLayer(GradientCheckpointingLayer):
 
 
 class OrchidEncoder(nn.Module):
+    # Without autograd, each layer's output may take the memory of the output of the layer before last (see
+    # _may_reuse_outputs); False turns it off.
+    reuse_outputs = True
+
     def __init__(self, config: OrchidConfig):
         super().__init__()
         self.layer = nn.ModuleList(OrchidLayer(config) for _ in range(config.num_hidden_layers))
@@ -328,13 +367,29 @@ class OrchidEncoder(nn.Module):
         output_hidden_states: bool = False,
     ) -> BaseModelOutput:
         all_hidden_states = (hidden_states,) if output_hidden_states else None
-        for layer in self.layer:
-            hidden_states = layer(hidden_states, attention_mask)
+        reuse = not output_hidden_states and self._may_reuse_outputs()
+        spare = None  # the output of the layer before last, which nothing reads once the last layer has run
+        for index, layer in enumerate(self.layer):
+            layer_input = hidden_states
+            hidden_states = layer(hidden_states, attention_mask, out=spare)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
+            # The encoder's own input is the caller's, never reused.
+            spare = layer_input if reuse and index > 0 and layer_input is not hidden_states else None
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
+
+    def _may_reuse_outputs(self) -> bool:
+        """Whether a layer may write its output into the memory of the output of the layer before last: without
+        autograd, which keeps the layers' outputs for backward, and without hooks in the layers, which could keep
+        them or views of them. On long inputs this spares a fresh mapping of the output's size per layer (48 MiB
+        at (1, 16384), whose first touch costs about as much as the pass that fills it)."""
+        if not self.reuse_outputs or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return False
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            return False
+        return not any(module._forward_hooks or module._forward_pre_hooks for module in self.layer.modules())
 
 
 # ---------------------------------------------------------------------------------------------

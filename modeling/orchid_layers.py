@@ -972,13 +972,25 @@ class OrchidOperator(nn.Module):
         attention_mask: torch.Tensor | None = None,
         conditioning_input: torch.Tensor | None = None,
         conditioning_mask: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d); attention_mask: (B, L) with 1 for real tokens; returns (B, L, d).
 
         ``conditioning_input`` u (B, L_u, d), L_u <= max_len, makes the kernel h_theta(u) instead of
         h_theta(v) (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
+
+        ``out``, a tensor like x that nothing reads any more, lends its memory to the result where the channel
+        groups are written into one output (without autograd, on long inputs); the result is then ``out``. The
+        encoder passes the output of the layer before last, so that each layer does not map fresh memory.
         """
         batch, length = self._check_input("x", x, attention_mask)
+        if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
+            raise ValueError(
+                f"out must be like x: got {tuple(out.shape)} {out.dtype} on {out.device}, x is {tuple(x.shape)} "
+                f"{x.dtype} on {x.device}"
+            )
+        if out is not None and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            raise ValueError("out shares its memory with x, which every channel group reads")
         if conditioning_input is not None:
             conditioning_batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
             if conditioning_batch != batch:
@@ -1011,7 +1023,7 @@ class OrchidOperator(nn.Module):
         elif torch.is_grad_enabled() or torch.compiler.is_compiling():
             y = torch.cat([mix(channels) for channels in groups], dim=-1)
         else:  # each group written into place, so the groups' outputs never exist twice
-            y = x.new_empty(x.shape, dtype=compute_dtype)
+            y = out if out is not None and out.dtype == compute_dtype else x.new_empty(x.shape, dtype=compute_dtype)
             for channels in groups:
                 mix(channels, out=y)
             if y.dtype == x.dtype:

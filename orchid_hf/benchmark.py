@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -121,7 +122,7 @@ def build_operator(impl: str, hidden: int, heads: int, length: int, reference=No
 
 def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
     """The same model and weights, with every Orchid operator and block-diagonal layer taken from ``reference``."""
-    from orchid_hf.modeling.modeling_orchid import OrchidLayer, OrchidMLP
+    from orchid_hf.modeling.modeling_orchid import OrchidEncoder, OrchidLayer, OrchidMLP
     from orchid_hf.modeling.orchid_layers import BlockDiagonalLinear, OrchidOperator
 
     for parent in list(model.modules()):
@@ -143,6 +144,9 @@ def _swap_in_reference(model: nn.Module, reference) -> nn.Module:
         if isinstance(module, OrchidLayer):
             # The layers' token-chunk path came with round 4, as did LONG_INPUT_TOKENS in the operator's module.
             module.chunked_inference = hasattr(reference, "LONG_INPUT_TOKENS")
+        if isinstance(module, OrchidEncoder):
+            # Layers lend their outputs' memory through the operator's `out`, which came with round 6.
+            module.reuse_outputs = "out" in inspect.signature(reference.OrchidOperator.forward).parameters
     return model
 
 

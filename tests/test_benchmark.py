@@ -57,6 +57,20 @@ def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path
     assert (tmp_path / "benchmark_tiny.png").stat().st_size > 10_000
 
 
+def test_a_reference_operator_without_out_runs_in_an_encoder_that_lends_no_outputs():
+    # Layers lend their outputs' memory through OrchidOperator.forward's `out`; older operators lack it.
+    reference = benchmark.load_reference_layers(orchid_layers.__file__)
+
+    class OperatorWithoutOut(reference.OrchidOperator):
+        def forward(self, x, attention_mask=None, conditioning_input=None, conditioning_mask=None):
+            return super().forward(x, attention_mask, conditioning_input, conditioning_mask)
+
+    assert benchmark.build_model("orchid_reference", True, 32, reference).encoder.reuse_outputs
+    reference.OrchidOperator = OperatorWithoutOut
+    model = benchmark.build_model("orchid_reference", True, 32, reference)
+    assert not model.encoder.reuse_outputs and type(model.encoder.layer[0].mixer) is OperatorWithoutOut
+
+
 def test_operator_memory_grows_with_length_and_attention_math_fastest():
     # Peak tensor memory of one forward call: linear for Orchid, quadratic for materialised attention.
     peaks = {}

@@ -379,6 +379,15 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
         model()
 
 
+def long_input_settings(monkeypatch) -> None:
+    """Token chunks of 7 and channel groups of 3 at tiny sizes: the paths that long inputs take without autograd."""
+    monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+    monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 1)
+
+
 @pytest.mark.parametrize(
     ("hidden_act", "mlp_type", "mlp_num_blocks"),
     [
@@ -406,11 +415,7 @@ def test_inference_forward_equals_the_autograd_forward(
     # after an in-place short convolution.
     monkeypatch.setattr(orchid_layers, "ONEDNN_LINEAR", onednn)
     if chunked:
-        monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)
-        monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
-        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
-        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
-        monkeypatch.setattr(orchid_layers, "LONG_INPUT_TOKENS", 1)
+        long_input_settings(monkeypatch)
         monkeypatch.setattr(orchid_layers, "SHORT_CONV_CHUNK_ELEMENTS", 1)
         monkeypatch.setattr(orchid_layers, "PROJECTION_CHUNK_ELEMENTS", 1)
     torch.manual_seed(0)
@@ -421,6 +426,33 @@ def test_inference_forward_equals_the_autograd_forward(
         inference = model(input_ids).last_hidden_state
     recorded = model(input_ids).last_hidden_state
     assert recorded.requires_grad
+    torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("explicit_ids", [False, True])
+def test_inference_embeddings_are_summed_in_place_and_equal_the_autograd_path(explicit_ids, monkeypatch):
+    # Without autograd the position and token-type embeddings are added into the word embeddings' tensor and the
+    # LayerNorm runs on chunks of tokens (here 3 tokens of 32 features, the last chunk shorter).
+    monkeypatch.setattr(modeling_orchid, "EMBEDDING_CHUNK_ELEMENTS", 96)
+    torch.manual_seed(0)
+    embeddings = modeling_orchid.OrchidEmbeddings(tiny_text_config(type_vocab_size=2)).eval()
+    input_ids = torch.randint(0, 97, (2, 20))
+    ids = {}
+    if explicit_ids:
+        ids = dict(token_type_ids=torch.randint(0, 2, (2, 20)), position_ids=torch.randint(0, 24, (2, 20)))
+    recorded = embeddings(input_ids, **ids)
+    assert recorded.requires_grad
+    calls = []
+    in_place = modeling_orchid.OrchidEmbeddings._embed_in_place
+    monkeypatch.setattr(
+        modeling_orchid.OrchidEmbeddings, "_embed_in_place", lambda *args: calls.append(1) or in_place(*args)
+    )
+    with torch.no_grad():
+        inference = embeddings(input_ids, **ids)
+        given = recorded.detach().clone()
+        embeddings(inputs_embeds=given)
+    assert calls == [1]  # not for the caller's inputs_embeds, which stay as they were
+    torch.testing.assert_close(given, recorded.detach(), atol=0, rtol=0)
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
 
 
@@ -444,6 +476,53 @@ def test_layers_run_in_token_chunks_for_inference_and_match_autograd(pre_norm, m
     assert model.encoder.layer[0].mlp.token_chunks(60) == [slice(i, i + 8) for i in range(0, 56, 8)] + [slice(56, 60)]
     assert calls == ([(8, 32)] * 7 + [(4, 32)]) * 2  # seven chunks of 8 tokens and one of 4, in each layer
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
+
+
+def test_encoder_layers_write_into_the_output_of_the_layer_before_last(monkeypatch):
+    long_input_settings(monkeypatch)
+    outputs, lent = [], []
+    forward = modeling_orchid.OrchidLayer.forward
+
+    def recording(self, hidden_states, attention_mask=None, out=None):
+        lent.append(None if out is None else out.data_ptr())
+        result = forward(self, hidden_states, attention_mask, out)
+        outputs.append(result.data_ptr())
+        return result
+
+    monkeypatch.setattr(modeling_orchid.OrchidLayer, "forward", recording)
+    torch.manual_seed(0)
+    model = OrchidModel(tiny_text_config(num_hidden_layers=4)).eval()
+    input_ids = torch.randint(0, 97, (2, 20))
+    recorded = model(input_ids, output_hidden_states=True)
+    assert lent == [None] * 4  # autograd keeps every layer's output
+    with torch.no_grad():
+        embedded = model.embeddings(input_ids)
+        given = embedded.clone()
+        lent.clear(), outputs.clear()
+        reused = model.encoder(given).last_hidden_state
+        assert torch.equal(given, embedded)  # the encoder's input is the caller's: never written
+        assert lent == [None, None, outputs[0], outputs[1]] and outputs[2:] == outputs[:2]
+        lent.clear()
+        every = model(input_ids, output_hidden_states=True).hidden_states
+        assert lent == [None] * 4  # the hidden states returned must all stay as they are
+    torch.testing.assert_close(reused, recorded.last_hidden_state.detach(), atol=1e-6, rtol=0)
+    for kept, expected in zip(every, recorded.hidden_states):
+        torch.testing.assert_close(kept, expected.detach(), atol=1e-6, rtol=0)
+
+
+def test_a_hook_in_the_layers_keeps_each_layer_output_in_memory_of_its_own(monkeypatch):
+    long_input_settings(monkeypatch)
+    torch.manual_seed(0)
+    model = OrchidModel(tiny_text_config(num_hidden_layers=4)).eval()
+    input_ids = torch.randint(0, 97, (2, 20))
+    recorded = model(input_ids, output_hidden_states=True).hidden_states
+    seen = []
+    for layer in model.encoder.layer:
+        layer.register_forward_hook(lambda module, args, out: seen.append(out))
+    with torch.no_grad():
+        model(input_ids)
+    for kept, expected in zip(seen, recorded[1:]):  # as the hooks saw them, not overwritten by later layers
+        torch.testing.assert_close(kept, expected.detach(), atol=1e-6, rtol=0)
 
 
 def test_hooks_keep_the_whole_sequence_layer_path(monkeypatch):

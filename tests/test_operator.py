@@ -653,3 +653,21 @@ def test_inference_equals_the_autograd_forward_with_fft_sized_transforms(transfo
     # Multipliers that meet the transform's output directly are laid out channel by channel, as it is.
     direct = ["static", "residual"] if not data_dependent else ["residual"]
     assert all(op._spectrum_cache[name][1].stride()[-1] > 1 for name in direct)
+
+
+def test_the_operator_writes_into_a_lent_output_and_refuses_one_that_does_not_fit(monkeypatch):
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+    torch.manual_seed(0)
+    op = OrchidOperator(12, 16).eval()
+    x = torch.randn(2, 16, 12)
+    expected = op(x).detach()
+    with torch.no_grad():
+        lent = torch.full_like(x, float("nan"))
+        result = op(x, out=lent)
+        assert result.data_ptr() == lent.data_ptr()
+        torch.testing.assert_close(result, expected, atol=1e-6, rtol=0)
+        with pytest.raises(ValueError, match=r"out must be like x: got \(2, 16, 6\)"):
+            op(x, out=torch.empty(2, 16, 6))
+        with pytest.raises(ValueError, match="out shares its memory with x"):
+            op(x, out=x)
