@@ -336,7 +336,9 @@ class OrchidLayer(GradientCheckpointingLayer):
         tensors of the input's size (two sums, two LayerNorm outputs, the MLP's output): at (1, 16384) each is a
         fresh 48 MiB mapping whose first touch costs about as much as the pass that fills it."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
-        out = self.mixer(mixer_input, attention_mask, out=out)
+        # `out` only when lent: operators of other versions, which the benchmark times side by side, lack it.
+        lent = {} if out is None else {"out": out}
+        out = self.mixer(mixer_input, attention_mask, **lent)
         tokens = out.view(-1, out.shape[-1])
         inputs = hidden_states.reshape(-1, hidden_states.shape[-1])
         for chunk in self.mlp.token_chunks(tokens.shape[0]):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from orchid_hf.modeling import orchid_layers
+from orchid_hf.modeling import modeling_orchid, orchid_layers
 from orchid_hf.modeling.orchid_layers import BlockDiagonalLinear, OrchidOperator
 
 from orchid_hf import benchmark
@@ -57,8 +57,10 @@ def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path
     assert (tmp_path / "benchmark_tiny.png").stat().st_size > 10_000
 
 
-def test_a_reference_operator_without_out_runs_in_an_encoder_that_lends_no_outputs():
+def test_a_reference_operator_without_out_runs_in_an_encoder_that_lends_no_outputs(monkeypatch):
     # Layers lend their outputs' memory through OrchidOperator.forward's `out`; older operators lack it.
+    monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 1)  # the layers' token-chunk path, as on long inputs
+    monkeypatch.setattr(modeling_orchid, "MLP_MIN_CHUNK_TOKENS", 7)
     reference = benchmark.load_reference_layers(orchid_layers.__file__)
 
     class OperatorWithoutOut(reference.OrchidOperator):
@@ -69,6 +71,10 @@ def test_a_reference_operator_without_out_runs_in_an_encoder_that_lends_no_outpu
     reference.OrchidOperator = OperatorWithoutOut
     model = benchmark.build_model("orchid_reference", True, 32, reference)
     assert not model.encoder.reuse_outputs and type(model.encoder.layer[0].mixer) is OperatorWithoutOut
+    input_ids = torch.randint(1, model.config.vocab_size, (1, 32))
+    with torch.no_grad():
+        assert model.encoder.layer[0]._runs_in_chunks(model.embeddings(input_ids))
+        model(input_ids)
 
 
 def test_operator_memory_grows_with_length_and_attention_math_fastest():
