@@ -314,6 +314,11 @@ class OrchidLayer(GradientCheckpointingLayer):
         hidden_states = self.mixer_norm(hidden_states + self.mixer_dropout(self.mixer(hidden_states, attention_mask)))
         return self.mlp_norm(hidden_states + self.mlp(hidden_states))
 
+    def writes_into_out(self, hidden_states: torch.Tensor) -> bool:
+        """Whether :meth:`forward` writes its output into a lent ``out``: in token chunks, with the operator's channel
+        groups written into one output."""
+        return self._runs_in_chunks(hidden_states) and len(self.mixer.channel_groups(hidden_states.shape[0])) > 1
+
     def _runs_in_chunks(self, hidden_states: torch.Tensor) -> bool:
         """Inference (no autograd, eval mode, not compiling) on more than one chunk of tokens (for one, the plain
         path is the same without the copies), with no hooks that would see the mixer's output change or the
@@ -369,7 +374,7 @@ class OrchidEncoder(nn.Module):
         output_hidden_states: bool = False,
     ) -> BaseModelOutput:
         all_hidden_states = (hidden_states,) if output_hidden_states else None
-        reuse = not output_hidden_states and self._may_reuse_outputs()
+        reuse = not output_hidden_states and self._may_reuse_outputs(hidden_states)
         spare = None  # the output of the layer before last, which nothing reads once the last layer has run
         for index, layer in enumerate(self.layer):
             layer_input = hidden_states
@@ -382,12 +387,15 @@ class OrchidEncoder(nn.Module):
             hidden_states = self.final_norm(hidden_states)
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
 
-    def _may_reuse_outputs(self) -> bool:
+    def _may_reuse_outputs(self, hidden_states: torch.Tensor) -> bool:
         """Whether a layer may write its output into the memory of the output of the layer before last: without
         autograd, which keeps the layers' outputs for backward, and without hooks in the layers, which could keep
-        them or views of them. On long inputs this spares a fresh mapping of the output's size per layer (48 MiB
-        at (1, 16384), whose first touch costs about as much as the pass that fills it)."""
+        them or views of them; and only where the layers write into lent memory at all (else lending would only
+        keep it allocated). On long inputs this spares a fresh mapping of the output's size per layer (48 MiB at
+        (1, 16384), whose first touch costs about as much as the pass that fills it)."""
         if not self.reuse_outputs or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return False
+        if len(self.layer) < 3 or not self.layer[0].writes_into_out(hidden_states):
             return False
         if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
             return False

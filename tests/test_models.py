@@ -505,6 +505,10 @@ def test_encoder_layers_write_into_the_output_of_the_layer_before_last(monkeypat
         lent.clear()
         every = model(input_ids, output_hidden_states=True).hidden_states
         assert lent == [None] * 4  # the hidden states returned must all stay as they are
+        monkeypatch.setattr(modeling_orchid, "MLP_CHUNK_ELEMENTS", 2**23)  # one token chunk: the plain layer path,
+        lent.clear()  # which never writes into lent memory, so none is held for it
+        model(input_ids)
+        assert lent == [None] * 4
     torch.testing.assert_close(reused, recorded.last_hidden_state.detach(), atol=1e-6, rtol=0)
     for kept, expected in zip(every, recorded.hidden_states):
         torch.testing.assert_close(kept, expected.detach(), atol=1e-6, rtol=0)
