@@ -266,9 +266,11 @@ def packed_rows(parameter: torch.Tensor, key: Hashable, rows: Callable[[], torch
 def linear_rows(layer: nn.Linear, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Weight and bias of the outputs ``rows`` (a slice or an index tensor) of a linear layer; the weight packed
     where :func:`packs_weights`."""
+    bias = None if layer.bias is None else layer.bias[rows]
+    if not packs_weights(layer.weight):
+        return layer.weight[rows], bias
     key = (rows.start, rows.stop, rows.step) if isinstance(rows, slice) else tuple(rows.tolist())
-    weight = packed_rows(layer.weight, key, lambda: layer.weight[rows])
-    return weight, None if layer.bias is None else layer.bias[rows]
+    return packed_rows(layer.weight, key, lambda: layer.weight[rows]), bias
 
 
 class Linear(nn.Linear):
