@@ -252,11 +252,15 @@ def interleaved_times(
     steps: dict[str, Callable[[], None]], repeats: int, min_repeats: int, budget_s: float
 ) -> dict[str, list[float]]:
     """Seconds per call of each step, timed in rounds of one call each; stops after ``repeats`` rounds, or
-    after ``min_repeats`` rounds once ``budget_s`` is spent."""
+    after ``min_repeats`` rounds once ``budget_s`` is spent. Each round starts with the next step in turn, so that
+    no step always runs right after the same other one."""
     times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
     start = time.perf_counter()
     for round_index in range(repeats):
-        for name, step in steps.items():
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            step = steps[name]
             t0 = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - t0)

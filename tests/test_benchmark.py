@@ -77,6 +77,14 @@ def test_a_reference_operator_without_out_runs_in_an_encoder_that_lends_no_outpu
         model(input_ids)
 
 
+def test_interleaved_rounds_start_with_each_candidate_in_turn():
+    calls = []
+    steps = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = benchmark.interleaved_times(steps, repeats=4, min_repeats=4, budget_s=1e9)
+    assert calls == list("abc" "bca" "cab" "abc")
+    assert {name: len(t) for name, t in times.items()} == {"a": 4, "b": 4, "c": 4}
+
+
 def test_operator_memory_grows_with_length_and_attention_math_fastest():
     # Peak tensor memory of one forward call: linear for Orchid, quadratic for materialised attention.
     peaks = {}
