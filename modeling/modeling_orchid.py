@@ -60,7 +60,6 @@ class OrchidEmbeddings(nn.Module):
         )
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
 
     def forward(
         self,
@@ -69,37 +68,29 @@ class OrchidEmbeddings(nn.Module):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if inputs_embeds is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            return self.dropout(self._embed_in_place(input_ids, token_type_ids, position_ids))
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        length = inputs_embeds.shape[1]
+        length = (input_ids if inputs_embeds is None else inputs_embeds).shape[1]
+        # The default positions and token types as rows of their tables, with no lookup.
         if position_ids is None:
-            position_ids = self.position_ids[:, :length]
-        embeddings = inputs_embeds + self.position_embeddings(position_ids)
-        if self.token_type_embeddings is not None:
-            if token_type_ids is None:
-                token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
-            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(embeddings))
-
-    def _embed_in_place(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
-    ) -> torch.Tensor:
-        """The sum and LayerNorm without autograd, in the word embeddings' fresh tensor: the default positions and
-        token types are added as rows of their tables, with no lookup, and the LayerNorm runs on chunks of tokens
-        written back. At (1, 16384) each sequence-sized tensor that this avoids is a fresh 48 MiB mapping."""
-        embeddings = self.word_embeddings(input_ids)
-        length = embeddings.shape[1]
-        if position_ids is None:
-            embeddings.add_(self.position_embeddings.weight[:length])
+            positions = self.position_embeddings.weight[:length]
         else:
-            embeddings.add_(self.position_embeddings(position_ids))
+            positions = self.position_embeddings(position_ids)
+        if inputs_embeds is None:
+            # In place on the lookup's fresh output, whose backward needs only the ids: at (1, 16384) each
+            # sequence-sized tensor avoided is a fresh 48 MiB mapping.
+            embeddings = self.word_embeddings(input_ids).add_(positions)
+        else:
+            embeddings = inputs_embeds + positions  # never in place on the caller's tensor
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 embeddings.add_(self.token_type_embeddings.weight[0])
             else:
                 embeddings.add_(self.token_type_embeddings(token_type_ids))
+        return self.dropout(self._layer_norm(embeddings))
+
+    def _layer_norm(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """The LayerNorm; without autograd on chunks of tokens, each written back over its input."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self.LayerNorm(embeddings)
         tokens = embeddings.view(-1, embeddings.shape[-1])
         rows = max(1, EMBEDDING_CHUNK_ELEMENTS // tokens.shape[-1])
         for start in range(0, tokens.shape[0], rows):
@@ -317,7 +308,7 @@ class OrchidLayer(GradientCheckpointingLayer):
     def writes_into_out(self, hidden_states: torch.Tensor) -> bool:
         """Whether :meth:`forward` writes its output into a lent ``out``: in token chunks, with the operator's channel
         groups written into one output."""
-        return self._runs_in_chunks(hidden_states) and len(self.mixer.channel_groups(hidden_states.shape[0])) > 1
+        return self._runs_in_chunks(hidden_states) and self.mixer.writes_groups_into_one_output(hidden_states.shape[0])
 
     def _runs_in_chunks(self, hidden_states: torch.Tensor) -> bool:
         """Inference (no autograd, eval mode, not compiling) on more than one chunk of tokens (for one, the plain
@@ -466,8 +457,6 @@ class OrchidPreTrainedModel(PreTrainedModel):
             init.normal_(module.skip)
             init.copy_(module.lag_features, module.make_lag_features())
             init.copy_(module.envelope, module.make_envelope())
-        elif isinstance(module, OrchidEmbeddings):
-            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
         elif isinstance(module, OrchidPatchEmbeddings):
             # Xavier-uniform over the flattened patch (as MAE): with std 0.02 the image content of a few
             # pixels per patch would start many times weaker than the unit-scale sin-cos positions.

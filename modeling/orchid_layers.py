@@ -1020,10 +1020,8 @@ class OrchidOperator(nn.Module):
             conditioning_mask=conditioning_mask,
             compute_dtype=compute_dtype,
         )
-        if len(groups) == 1:
-            y = mix(groups[0])
-        elif torch.is_grad_enabled() or torch.compiler.is_compiling():
-            y = torch.cat([mix(channels) for channels in groups], dim=-1)
+        if not self.writes_groups_into_one_output(batch):
+            y = mix(groups[0]) if len(groups) == 1 else torch.cat([mix(channels) for channels in groups], dim=-1)
         else:  # each group written into place, so the groups' outputs never exist twice
             y = out if out is not None and out.dtype == compute_dtype else x.new_empty(x.shape, dtype=compute_dtype)
             for channels in groups:
@@ -1041,6 +1039,12 @@ class OrchidOperator(nn.Module):
             chunk = tokens[start : start + rows]
             chunk.copy_(self.out_proj(chunk))
         return y
+
+    def writes_groups_into_one_output(self, batch: int) -> bool:
+        """Whether :meth:`forward` writes its channel groups into one output (and so into a lent ``out``): without
+        autograd or compilation, with more than one group."""
+        grad = torch.is_grad_enabled() or torch.compiler.is_compiling()
+        return not grad and len(self.channel_groups(batch)) > 1
 
     def channel_groups(self, batch: int) -> list[slice]:
         """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels."""

@@ -430,30 +430,41 @@ def test_inference_forward_equals_the_autograd_forward(
 
 
 @pytest.mark.parametrize("explicit_ids", [False, True])
-def test_inference_embeddings_are_summed_in_place_and_equal_the_autograd_path(explicit_ids, monkeypatch):
-    # Without autograd the position and token-type embeddings are added into the word embeddings' tensor and the
-    # LayerNorm runs on chunks of tokens (here 3 tokens of 32 features, the last chunk shorter).
+def test_embeddings_are_summed_in_place_and_equal_the_sum_of_their_lookups(explicit_ids, monkeypatch):
+    # The position and token-type embeddings are added into the word embeddings' tensor (the default ones as rows
+    # of their tables); without autograd the LayerNorm runs on chunks of tokens (here 3 tokens of 32 features, the
+    # last chunk shorter). Both must give LayerNorm(word + position + token type), as separate lookups give it.
     monkeypatch.setattr(modeling_orchid, "EMBEDDING_CHUNK_ELEMENTS", 96)
     torch.manual_seed(0)
     embeddings = modeling_orchid.OrchidEmbeddings(tiny_text_config(type_vocab_size=2)).eval()
     input_ids = torch.randint(0, 97, (2, 20))
+    positions, types = torch.arange(20).expand(2, -1), torch.zeros(2, 20, dtype=torch.long)
     ids = {}
     if explicit_ids:
-        ids = dict(token_type_ids=torch.randint(0, 2, (2, 20)), position_ids=torch.randint(0, 24, (2, 20)))
+        positions, types = torch.randint(0, 24, (2, 20)), torch.randint(0, 2, (2, 20))
+        ids = dict(token_type_ids=types, position_ids=positions)
+    with torch.no_grad():
+        expected = embeddings.LayerNorm(
+            embeddings.word_embeddings(input_ids)
+            + embeddings.position_embeddings(positions)
+            + embeddings.token_type_embeddings(types)
+        )
     recorded = embeddings(input_ids, **ids)
     assert recorded.requires_grad
-    calls = []
-    in_place = modeling_orchid.OrchidEmbeddings._embed_in_place
-    monkeypatch.setattr(
-        modeling_orchid.OrchidEmbeddings, "_embed_in_place", lambda *args: calls.append(1) or in_place(*args)
-    )
+    chunks = []
+    layer_norm = embeddings.LayerNorm.forward
+    monkeypatch.setattr(embeddings.LayerNorm, "forward", lambda x: chunks.append(x.shape[0]) or layer_norm(x))
     with torch.no_grad():
         inference = embeddings(input_ids, **ids)
+        assert chunks == [3] * 13 + [1]
         given = recorded.detach().clone()
-        embeddings(inputs_embeds=given)
-    assert calls == [1]  # not for the caller's inputs_embeds, which stay as they were
-    torch.testing.assert_close(given, recorded.detach(), atol=0, rtol=0)
-    torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
+        from_given = embeddings(inputs_embeds=given, **ids)
+    torch.testing.assert_close(given, recorded.detach(), atol=0, rtol=0)  # the caller's tensor stays as it was
+    torch.testing.assert_close(recorded.detach(), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(inference, expected, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        summed = given + embeddings.position_embeddings(positions) + embeddings.token_type_embeddings(types)
+        torch.testing.assert_close(from_given, embeddings.LayerNorm(summed), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])
