@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from orchid_hf.modeling import orchid_layers
 from orchid_hf.modeling.orchid_layers import (
+    ALL_CHANNELS,
     CONDITIONING_ACTIVATIONS,
     ImplicitLongFilter,
     apply_spectrum,
@@ -671,3 +672,30 @@ def test_the_operator_writes_into_a_lent_output_and_refuses_one_that_does_not_fi
             op(x, out=torch.empty(2, 16, 6))
         with pytest.raises(ValueError, match="out shares its memory with x"):
             op(x, out=x)
+
+
+@pytest.mark.parametrize("transform, n", [("dct", 256), ("dct", 64), ("fft", 256)])
+@pytest.mark.parametrize("data_dependent", [True, False])
+def test_cached_filter_spectra_built_by_channel_groups_equal_whole_filters(monkeypatch, transform, n, data_dependent):
+    # N = 64 takes the DCT by GEMM (row-major multipliers), N = 256 through the FFT (some channel by channel).
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+    torch.manual_seed(0)
+    # In float64, where the two evaluation orders (GEMMs and transforms of 3 or 12 channels) agree to rounding.
+    op = OrchidOperator(12, n, transform=transform, data_dependent=data_dependent).double().eval()
+    filters = {"static": op.static_filter, "residual": op.residual_filter}
+    calls = {name: [] for name in filters}
+    for name, long_filter in filters.items():
+        def spectrum_seq(dtype, channels=ALL_CHANNELS, hidden=None, name=name, original=long_filter.spectrum_seq):
+            calls[name].append((channels, hidden is not None))
+            return original(dtype, channels, hidden)
+
+        monkeypatch.setattr(long_filter, "spectrum_seq", spectrum_seq)
+    with torch.no_grad():
+        op(torch.randn(1, n, 12, dtype=torch.float64))
+    for name, long_filter in filters.items():
+        assert calls[name] == [(slice(start, start + 3), True) for start in range(0, 12, 3)]
+        cached = op._spectrum_cache[name][1]
+        whole = op._filter_spectrum(name, long_filter, torch.float64).detach()  # autograd: the whole filter at once
+        assert cached.stride() == whole.stride()
+        torch.testing.assert_close(cached, whole, atol=1e-12, rtol=0)
