@@ -1226,28 +1226,30 @@ class OrchidOperator(nn.Module):
         cached = self._spectrum_cache.get(name)
         if cached is None or cached[0] != key:
             groups = self.channel_groups(batch=1)
-            multiplier = compute() if len(groups) == 1 else self._filter_spectrum_in_groups(long_filter, dtype, direct)
+            if len(groups) == 1:
+                multiplier = compute()
+            else:
+                multiplier = self._filter_spectrum_in_groups(long_filter, groups, dtype, direct)
             cached = (key, multiplier)
             self._spectrum_cache[name] = cached
         return cached[1]
 
     def _filter_spectrum_in_groups(
-        self, long_filter: ImplicitLongFilter, dtype: torch.dtype, direct: bool
+        self, long_filter: ImplicitLongFilter, groups: list[slice], dtype: torch.dtype, direct: bool
     ) -> torch.Tensor:
         """What ``compute`` in :meth:`_filter_spectrum` returns, without autograd, built a channel group at a time
         into its final layout: the intermediates of a whole filter (its kernel, transform and reorderings, each
         the size of the result) never exist at once."""
         hidden = long_filter.hidden_features()
         multiplier = None
-        for channels in self.channel_groups(batch=1):
+        for channels in groups:
             part = prepare_multiplier(long_filter.spectrum_seq(dtype, channels, hidden), self.transform, self.max_len)
             if multiplier is None:
-                # The whole filter's layout: transform_layout's for a direct multiplier, else the part's own (the
-                # real FFT's output comes channel by channel, a gather's row-major).
+                # The dimensions from outermost to innermost in memory, as the whole filter would have them.
                 last = part.dim() - 1
                 if direct and transforms_channel_by_channel(self.transform, self.max_len):
-                    order = [last, *range(last)]
-                else:
+                    order = [last, *range(last)]  # channels outermost, as transform_layout lays them out
+                else:  # as the part comes: channel by channel from the real FFT, row-major from a gather or GEMM
                     order = sorted(range(part.dim()), key=part.stride, reverse=True)
                 shape = [self.d_model if dim == last else part.shape[dim] for dim in order]
                 multiplier = part.new_empty(shape).permute([order.index(dim) for dim in range(part.dim())])
