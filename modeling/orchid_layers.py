@@ -1213,37 +1213,37 @@ class OrchidOperator(nn.Module):
         # The residual's multiplier (and the static one without a data-dependent part to meet first) multiplies
         # the transform's output directly: in its layout.
         direct = name == "residual" or self.conditioning is None
-
-        def compute():
-            multiplier = prepare_multiplier(long_filter.spectrum_seq(dtype), self.transform, self.max_len)
-            return transform_layout(multiplier, self.transform, self.max_len) if direct else multiplier
-
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return compute()
-        if any(p.is_inference() for p in long_filter.parameters()):
-            return compute()  # made under inference_mode: no version counter tells their updates apart
+        # Not cached under autograd or compilation, nor for parameters made under inference_mode: those have no
+        # version counter to tell their updates apart.
+        made_in_inference = (p.is_inference() for p in long_filter.parameters())
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or any(made_in_inference):
+            return self._build_filter_spectrum(long_filter, [ALL_CHANNELS], dtype, direct)
         key = (dtype, MATMUL_DCT_MAX_LEN, *map(parameter_state, long_filter.parameters()))
         cached = self._spectrum_cache.get(name)
         if cached is None or cached[0] != key:
-            groups = self.channel_groups(batch=1)
-            if len(groups) == 1:
-                multiplier = compute()
-            else:
-                multiplier = self._filter_spectrum_in_groups(long_filter, groups, dtype, direct)
-            cached = (key, multiplier)
+            cached = (key, self._build_filter_spectrum(long_filter, self.channel_groups(batch=1), dtype, direct))
             self._spectrum_cache[name] = cached
         return cached[1]
 
-    def _filter_spectrum_in_groups(
+    def _build_filter_spectrum(
         self, long_filter: ImplicitLongFilter, groups: list[slice], dtype: torch.dtype, direct: bool
     ) -> torch.Tensor:
-        """What ``compute`` in :meth:`_filter_spectrum` returns, without autograd, built a channel group at a time
-        into its final layout: the intermediates of a whole filter (its kernel, transform and reorderings, each
-        the size of the result) never exist at once."""
+        """A static filter's multiplier prepared for convolve_seq, laid out like the transform's output where it
+        meets it ``direct``-ly. With several channel groups it is built a group at a time into its final layout
+        (without autograd): the intermediates of a whole filter (its kernel, transform and reorderings, each the size
+        of the result) never exist at once."""
         hidden = long_filter.hidden_features()
+
+        def prepared(channels: slice) -> torch.Tensor:
+            spectrum = long_filter.spectrum_seq(dtype, channels, hidden)
+            return prepare_multiplier(spectrum, self.transform, self.max_len)
+
+        if len(groups) == 1:
+            multiplier = prepared(groups[0])
+            return transform_layout(multiplier, self.transform, self.max_len) if direct else multiplier
         multiplier = None
         for channels in groups:
-            part = prepare_multiplier(long_filter.spectrum_seq(dtype, channels, hidden), self.transform, self.max_len)
+            part = prepared(channels)
             if multiplier is None:
                 # The dimensions from outermost to innermost in memory, as the whole filter would have them.
                 last = part.dim() - 1
