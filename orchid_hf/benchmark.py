@@ -24,7 +24,9 @@ attention's scores). Their later points are predicted from that power law and ma
 reported as measured. A model whose warm-up call alone took longer than ``max_call_s`` is timed by that one
 call (``single_call``). With ``--device cuda`` every step synchronises and memory is the CUDA allocator's peak.
 
-Run ``python scripts/benchmark.py --help``; ``--quick`` runs tiny sizes in seconds (the test uses it).
+Run ``python scripts/benchmark.py --help``; ``--quick`` runs tiny sizes in seconds (the test uses it). Bad
+arguments (an unknown part, a shape that is not BxL, ``--device cuda`` where torch sees no GPU) stop it with a
+message that names them, before anything is built or written.
 """
 
 from __future__ import annotations
@@ -826,19 +828,69 @@ def profile_operator(impl: str, batch: int, length: int, cfg: dict, reference=No
 # ---------------------------------------------------------------------------------------------
 
 
+PARTS = ("operator", "model")
+
+
+def parse_lengths(text: str, field: str = "lengths") -> list[int]:
+    """``"1024,4096"`` -> [1024, 4096]; a ValueError naming ``field`` for anything but positive integers."""
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{field} must be comma-separated positive integers, e.g. 1024,4096; got {text!r}")
+    return values
+
+
+def parse_shapes(text: str, field: str = "model_shapes") -> list[tuple[int, int]]:
+    """``"8x128,1x4096"`` -> [(8, 128), (1, 4096)]; a ValueError naming ``field`` for anything else."""
+    shapes = []
+    for item in text.split(","):
+        sizes = item.split("x")
+        if len(sizes) != 2 or not all(size.isdigit() and int(size) > 0 for size in sizes):
+            raise ValueError(
+                f"{field} must be comma-separated BxL with positive B and L, e.g. 8x128,1x4096; got {text!r}"
+            )
+        shapes.append((int(sizes[0]), int(sizes[1])))
+    return shapes
+
+
+def check_device(device: str) -> None:
+    """A ValueError for a device this machine cannot run, before anything is built or written."""
+    if device == "cpu":
+        return
+    if not device.startswith("cuda"):
+        raise ValueError(f"device must be cpu or cuda (optionally cuda:N), got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but this torch build sees no CUDA device")
+
+
 def build_config(args: argparse.Namespace) -> dict:
     quick = args.quick
+    parts = args.parts.split(",")
+    if not parts or any(part not in PARTS for part in parts):
+        raise ValueError(f"parts must be comma-separated names from {PARTS}, got {args.parts!r}")
+    check_device(args.device)
+    for field in ("repeats", "threads"):
+        value = getattr(args, field)
+        if value is not None and value < 1:
+            raise ValueError(f"{field} must be at least 1, got {value}")
+    for field in ("point_budget_s", "max_call_s"):
+        if getattr(args, field) <= 0:
+            raise ValueError(f"{field} must be positive, got {getattr(args, field)}")
+    if args.profile:
+        parse_shapes(args.profile, "profile")
     if args.lengths:
-        lengths = [int(v) for v in args.lengths.split(",")]
+        lengths = parse_lengths(args.lengths)
     else:
         lengths = [2**k for k in (range(6, 9) if quick else range(10, 18))]
     if args.model_shapes:
-        shapes = [tuple(int(v) for v in item.split("x")) for item in args.model_shapes.split(",")]
+        shapes = parse_shapes(args.model_shapes)
     else:
         shapes = [(2, 32), (1, 128)] if quick else list(MODEL_SHAPES)
     return dict(
         quick=quick,
-        parts=args.parts.split(","),
+        parts=parts,
         hidden=64 if quick else 768,
         heads=4 if quick else 12,
         lengths=lengths,
@@ -897,8 +949,7 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.profile:
         tables = []
-        for shape in args.profile.split(","):
-            batch, length = (int(v) for v in shape.split("x"))
+        for batch, length in parse_shapes(args.profile, "profile"):
             for impl in ["orchid"] + (["orchid_reference"] if reference is not None else []):
                 tables.append(profile_operator(impl, batch, length, cfg, reference))
                 log(f"profiled {impl} at (B={batch}, L={length})")
@@ -948,7 +999,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--silent", action="store_true")
     parser.add_argument("--command", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rss-worker", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        build_config(args)  # every value checked before anything is built or written
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict | None:

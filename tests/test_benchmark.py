@@ -140,6 +140,44 @@ def test_a_speedup_just_below_its_target_is_shown_and_counted_as_missed():
     assert benchmark.summarize(records, cfg)["targets"] == {"speedup 1x16384 >= 8.0": True}
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--parts", "operatr"], "parts must be comma-separated names from ('operator', 'model'), got 'operatr'"),
+        (["--parts", "model,"], "parts must be"),
+        (["--lengths", "1024,-4"], "lengths must be comma-separated positive integers, e.g. 1024,4096; got '1024,-4'"),
+        (["--lengths", "1k"], "lengths must be"),
+        (["--model-shapes", "8x128,1x"], "model_shapes must be comma-separated BxL with positive B and L"),
+        (["--model-shapes", "8x0"], "model_shapes must be"),
+        (["--profile", "1x4096x2"], "profile must be comma-separated BxL"),
+        (["--repeats", "0"], "repeats must be at least 1, got 0"),
+        (["--threads", "0"], "threads must be at least 1, got 0"),
+        (["--max-call-s", "0"], "max_call_s must be positive, got 0.0"),
+        (["--point-budget-s", "-1"], "point_budget_s must be positive, got -1.0"),
+        (["--device", "tpu"], "device must be cpu or cuda (optionally cuda:N), got 'tpu'"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name_before_anything_runs(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--quick", "--silent", "--out-dir", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_cuda_device_without_cuda_is_refused_with_a_clear_message(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = benchmark.parse_args(["--quick"])
+    args.device = "cuda"
+    with pytest.raises(ValueError, match="device 'cuda' asked for, but this torch build sees no CUDA device"):
+        benchmark.build_config(args)
+
+
+def test_shapes_and_lengths_parse():
+    assert benchmark.parse_shapes("8x128,1x4096") == [(8, 128), (1, 4096)]
+    assert benchmark.parse_lengths("1024,4096") == [1024, 4096]
+
+
 # ---------------------------------------------------------------------------------------------
 # Fast paths compute what the plain paths compute
 # ---------------------------------------------------------------------------------------------
