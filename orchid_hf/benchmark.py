@@ -868,7 +868,7 @@ def check_device(device: str) -> None:
 def build_config(args: argparse.Namespace) -> dict:
     quick = args.quick
     parts = args.parts.split(",")
-    if not parts or any(part not in PARTS for part in parts):
+    if any(part not in PARTS for part in parts):  # "" and "model," leave an empty name
         raise ValueError(f"parts must be comma-separated names from {PARTS}, got {args.parts!r}")
     check_device(args.device)
     for field in ("repeats", "threads"):
