@@ -8,6 +8,7 @@ class -> base model -> task heads.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -272,6 +273,14 @@ class OrchidMLP(nn.Module):
         return torch.cat(outputs, dim=-1)
 
 
+def forward_hooks_on(modules: Iterable[nn.Module]) -> bool:
+    """Whether a forward hook or pre-hook is registered globally or on any of ``modules``: the inference paths that
+    write outputs over memory or call modules once per chunk of tokens stand aside for them."""
+    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return True
+    return any(module._forward_hooks or module._forward_pre_hooks for module in modules)
+
+
 class OrchidLayer(GradientCheckpointingLayer):
     """One block: Orchid sequence mixer and MLP, each with a residual connection and LayerNorm.
 
@@ -318,10 +327,7 @@ class OrchidLayer(GradientCheckpointingLayer):
             return False
         if len(self.mlp.token_chunks(hidden_states.shape[:-1].numel())) == 1:
             return False
-        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-            return False
-        modules = (self.mixer, self.mixer_dropout, self.mixer_norm, self.mlp, self.mlp_norm)
-        return not any(module._forward_hooks or module._forward_pre_hooks for module in modules)
+        return not forward_hooks_on((self.mixer, self.mixer_dropout, self.mixer_norm, self.mlp, self.mlp_norm))
 
     def _forward_in_chunks(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, out: torch.Tensor | None = None
@@ -388,9 +394,7 @@ class OrchidEncoder(nn.Module):
             return False
         if len(self.layer) < 3 or not self.layer[0].writes_into_out(hidden_states):
             return False
-        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-            return False
-        return not any(module._forward_hooks or module._forward_pre_hooks for module in self.layer.modules())
+        return not forward_hooks_on(self.layer.modules())
 
 
 # ---------------------------------------------------------------------------------------------
