@@ -4,17 +4,19 @@ convolution operator, and block-diagonal linear layers.
 Section and equation numbers refer to the paper. Every sequence-mixing step runs along the sequence
 axis, per channel. The operator keeps the transformers layout ``(batch, length, channels)`` throughout:
 its projections are row-major GEMMs in that layout, its depthwise convolutions run as channels-last
-oneDNN convolutions, and its transforms act on axis 1, so no activation is ever transposed. Up to
-``MATMUL_DCT_MAX_LEN`` the DCT is a single GEMM with the orthonormal DCT matrix (at N = 128 one GEMM
-beats an FFT wrapped in the reorderings and twiddles of Makhoul's algorithm); beyond it the DCT runs
-through one real FFT of length N. Without gradients, intermediate tensors are updated in place, which
+oneDNN convolutions, and its transforms act on axis 1, so no activation is ever transposed. On the CPU the
+DCT runs through pocketfft, SciPy's FFT library, which computes it natively (``dct_algorithm``). Elsewhere, or
+without SciPy, it is a single GEMM with the orthonormal DCT matrix up to ``MATMUL_DCT_MAX_LEN`` (at N = 128 one GEMM
+beats an FFT wrapped in the reorderings and twiddles of Makhoul's algorithm), and beyond it one real FFT of length N.
+Without gradients, intermediate tensors are updated in place, which
 on CPU also saves the page faults of fresh large allocations. On long inputs the per-channel steps run for
 groups of channels in turn (``OrchidOperator.channel_groups``), so that their tensors stay small.
 
 The functions ``dct``, ``idct``, ``long_convolution``, ``kernel_spectrum`` and ``apply_spectrum`` act on
 the last axis; the ``*_seq`` functions are their counterparts along the sequence axis.
 
-This file depends only on torch and the standard library so that it can ship to the Hub as remote code.
+This file depends only on torch and the standard library, and uses SciPy when it is installed, so that it can ship
+to the Hub as remote code.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from collections.abc import Callable, Hashable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+try:  # optional: the DCT on the CPU (see dct_algorithm)
+    import scipy.fft as scipy_fft
+except ImportError:
+    scipy_fft = None
 
 TRANSFORMS = ("dct", "fft")
 CONDITIONINGS = ("abs", "xcorr")
@@ -291,9 +298,16 @@ class Linear(nn.Linear):
 # The same transforms along axis 1 of (batch, length, channels) tensors: the operator's layout
 # ---------------------------------------------------------------------------------------------
 
-# Up to this length the DCT is one GEMM with the N x N matrix: 2 N flops per sample, which at N = 128 costs
-# less than an FFT wrapped in reorderings and twiddles. Beyond it, Makhoul's algorithm with one real FFT.
+# Where pocketfft does not apply (see dct_algorithm), the DCT up to this length is one GEMM with the N x N matrix:
+# 2 N flops per sample, which at N = 128 costs less than an FFT wrapped in reorderings and twiddles. Beyond it,
+# Makhoul's algorithm with one real FFT.
 MATMUL_DCT_MAX_LEN = 128
+# On the CPU, in eager mode, float32 or float64, the DCT and its inverse run through pocketfft (SciPy's FFT library),
+# which computes them natively, a few channels at a time in one pass along each: a DCT-domain convolution of 16
+# channels at N = 16384 ran 1.6x faster than Makhoul's algorithm around torch's real FFT (its reordering, twiddles
+# and copies are separate passes over memory), and at N = 128 faster than the GEMM (docs/performance.md, round 9).
+# False, or no SciPy, keeps the DCT in torch.
+POCKETFFT_DCT = True
 
 _CONSTANTS: dict = {}
 
@@ -383,8 +397,76 @@ def _makhoul_constants(n: int, dtype: torch.dtype, device: torch.device) -> dict
     return _constant(("makhoul", n, dtype, device), build)
 
 
-def _uses_matmul(n: int) -> bool:
-    return n <= MATMUL_DCT_MAX_LEN
+def dct_algorithm(x: torch.Tensor, n: int) -> str:
+    """How the DCT of length n runs on tensors like x: ``"pocketfft"`` (SciPy, on the CPU, float32 or float64,
+    not under torch.compile), else ``"matmul"`` (one GEMM with the DCT matrix, up to ``MATMUL_DCT_MAX_LEN``) or
+    ``"makhoul"`` (one real FFT in pair form)."""
+    eager_cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
+    if POCKETFFT_DCT and scipy_fft is not None and eager_cpu and x.dtype in (torch.float32, torch.float64):
+        return "pocketfft"
+    return "matmul" if n <= MATMUL_DCT_MAX_LEN else "makhoul"
+
+
+def _pocketfft_transform(x: torch.Tensor, n: int, inverse: bool, in_place: bool = False) -> torch.Tensor:
+    """The orthonormal DCT-II (or, ``inverse``, DCT-III) along axis 1 of x (B, L, C) zero-padded to n, (B, n, C).
+
+    pocketfft transforms a tensor of torch's own in place: x itself when ``in_place`` (a fresh tensor of length n
+    that nothing else reads), else a padded copy, so that the result is counted like any tensor's memory."""
+    if in_place and x.shape[1] == n:
+        out = x
+    else:
+        out = x.new_empty(x.shape[0], n, *x.shape[2:])
+        out[:, : x.shape[1]] = x
+        out[:, x.shape[1] :].zero_()
+    array = out.detach().numpy()
+    transform = scipy_fft.idct if inverse else scipy_fft.dct
+    result = transform(array, type=2, axis=1, norm="ortho", overwrite_x=True, workers=torch.get_num_threads())
+    if result.ctypes.data != array.ctypes.data:  # SciPy may decline to work in place
+        out.copy_(torch.from_numpy(result))
+    return out
+
+
+class PocketfftDCT(torch.autograd.Function):
+    """:func:`dct_seq` through pocketfft: x (B, L, C) -> (B, n, C). The DCT is orthonormal, so the gradient of the
+    zero-padded transform is the inverse transform cut to L."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.length = x.shape[1]
+        return _pocketfft_transform(x, n, inverse=False)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return PocketfftIDCT.apply(grad, ctx.length), None
+
+
+class PocketfftIDCT(torch.autograd.Function):
+    """The first ``length`` samples of the inverse DCT through pocketfft: (B, n, C) -> (B, length, C); its gradient
+    is the DCT of the zero-padded gradient."""
+
+    @staticmethod
+    def forward(ctx, spectrum: torch.Tensor, length: int) -> torch.Tensor:
+        ctx.n = spectrum.shape[1]
+        # A copy when cut, not a view: autograd forbids in-place updates of views made inside a Function.
+        return _pocketfft_transform(spectrum, ctx.n, inverse=True)[:, :length].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return PocketfftDCT.apply(grad, ctx.n), None
+
+
+def _pocketfft_dct(x: torch.Tensor, n: int, in_place: bool = False) -> torch.Tensor:
+    """``in_place`` without autograd transforms ``x`` itself (see :func:`_pocketfft_transform`)."""
+    if torch.is_grad_enabled():
+        return PocketfftDCT.apply(x, n)
+    return _pocketfft_transform(x, n, inverse=False, in_place=in_place)
+
+
+def _pocketfft_idct(spectrum: torch.Tensor, length: int, in_place: bool = False) -> torch.Tensor:
+    """``in_place`` without autograd transforms ``spectrum`` itself (see :func:`_pocketfft_transform`)."""
+    if torch.is_grad_enabled():
+        return PocketfftIDCT.apply(spectrum, length)
+    return _pocketfft_transform(spectrum, spectrum.shape[1], inverse=True, in_place=in_place)[:, :length]
 
 
 def _select_rows(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
@@ -458,15 +540,20 @@ def _pairs_inverse(z: torch.Tensor, n: int, length: int) -> torch.Tensor:
     return _select_rows(signal, c["unorder"][:length], n)
 
 
-def dct_seq(x: torch.Tensor, n: int, magnitude: bool = False) -> torch.Tensor:
+def dct_seq(x: torch.Tensor, n: int, magnitude: bool = False, in_place: bool = False) -> torch.Tensor:
     """Orthonormal DCT-II along axis 1 of ``x`` (B, L, C), zero-padded to length n >= L: (B, n, C).
-    ``magnitude=True`` returns its absolute value."""
-    if _uses_matmul(n):
+    ``magnitude=True`` returns its absolute value. ``in_place`` says that x is fresh and read by nothing else, so
+    that without autograd the result may be written over it."""
+    algorithm = dct_algorithm(x, n)
+    if algorithm == "makhoul":
+        return _pairs_to_natural(_makhoul_pairs(x, n), n, magnitude)
+    if algorithm == "pocketfft":
+        out = _pocketfft_dct(x, n, in_place)
+    else:
         out = sequence_matmul(dct_matrix(n, x.dtype, x.device)[:, : x.shape[1]], x)
-        if not magnitude:
-            return out
-        return out.abs() if torch.is_grad_enabled() else out.abs_()
-    return _pairs_to_natural(_makhoul_pairs(x, n), n, magnitude)
+    if not magnitude:
+        return out
+    return out.abs() if torch.is_grad_enabled() else out.abs_()
 
 
 def idct_seq(spectrum: torch.Tensor, length: int, accumulate: torch.Tensor | None = None) -> torch.Tensor:
@@ -474,45 +561,51 @@ def idct_seq(spectrum: torch.Tensor, length: int, accumulate: torch.Tensor | Non
 
     With ``accumulate`` (B, length, C) the result is added to it (in place when gradients are off)."""
     n = spectrum.shape[1]
-    if _uses_matmul(n):
+    algorithm = dct_algorithm(spectrum, n)
+    if algorithm == "matmul":
         inverse = dct_matrix(n, spectrum.dtype, spectrum.device)[:, :length].T  # D^T = D^-1
         return sequence_matmul(inverse, spectrum, accumulate=accumulate)
-    z = torch.view_as_complex(to_pairs(spectrum, n).transpose(2, 3).contiguous())
-    signal = _pairs_inverse(z, n, length)
+    if algorithm == "pocketfft":
+        signal = _pocketfft_idct(spectrum, length)
+    else:
+        z = torch.view_as_complex(to_pairs(spectrum, n).transpose(2, 3).contiguous())
+        signal = _pairs_inverse(z, n, length)
     if accumulate is None:
         return signal
     return accumulate + signal if torch.is_grad_enabled() else accumulate.add_(signal)
 
 
-def transform_seq(x: torch.Tensor, n: int, transform: str, magnitude: bool = False) -> torch.Tensor:
+def transform_seq(
+    x: torch.Tensor, n: int, transform: str, magnitude: bool = False, in_place: bool = False
+) -> torch.Tensor:
     """The orthonormal transform T along axis 1 (see :func:`forward_transform`), zero-padded to length n;
-    its absolute value with ``magnitude=True``."""
+    its absolute value with ``magnitude=True``. ``in_place`` as in :func:`dct_seq`."""
     if transform == "dct":
-        return dct_seq(x, n, magnitude)
+        return dct_seq(x, n, magnitude, in_place)
     spectrum = torch.fft.rfft(x, n=n, dim=1, norm="ortho")
     return spectrum.abs() if magnitude else spectrum
 
 
 def prepare_multiplier(spectrum: torch.Tensor, transform: str, n: int) -> torch.Tensor:
-    """A spectrum as :func:`convolve_seq` consumes it: unchanged, or in pair form for the FFT-based DCT."""
-    if transform == "dct" and not _uses_matmul(n):
+    """A spectrum as :func:`convolve_seq` consumes it: unchanged, or in pair form for Makhoul's FFT-based DCT."""
+    if transform == "dct" and dct_algorithm(spectrum, n) == "makhoul":
         return to_pairs(spectrum, n)
     return spectrum
 
 
 def transform_layout(multiplier: torch.Tensor, transform: str, n: int) -> torch.Tensor:
     """A multiplier (..., C) in the memory layout of :func:`transform_seq`'s outputs, so that their product reads
-    both in step: channel by channel as the real FFT returns them (see :data:`FFT_ROW_PADDING`), row-major for the
-    DCT by GEMM. Against a row-major multiplier, a group of channels' product ran up to 4x slower."""
-    if not transforms_channel_by_channel(transform, n):
+    both in step: channel by channel as torch's real FFT returns them (see :data:`FFT_ROW_PADDING`), row-major for
+    the DCT by pocketfft or GEMM. Against a row-major multiplier, a group of channels' product ran up to 4x slower."""
+    if not transforms_channel_by_channel(multiplier, transform, n):
         return multiplier
     return multiplier.movedim(-1, 0).contiguous().movedim(0, -1)
 
 
-def transforms_channel_by_channel(transform: str, n: int) -> bool:
-    """Whether :func:`transform_seq` returns its output channel by channel (through the real FFT) rather than
-    row-major (the DCT by GEMM)."""
-    return not (transform == "dct" and _uses_matmul(n))
+def transforms_channel_by_channel(x: torch.Tensor, transform: str, n: int) -> bool:
+    """Whether :func:`transform_seq` returns its output for tensors like x channel by channel (through torch's real
+    FFT) rather than row-major (the DCT by pocketfft or GEMM)."""
+    return not (transform == "dct" and dct_algorithm(x, n) != "makhoul")
 
 
 def convolve_seq(
@@ -522,19 +615,26 @@ def convolve_seq(
     n: int,
     accumulate: torch.Tensor | None = None,
     prepared: bool = False,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """``T^-1(T(x) * spectrum)`` along axis 1 for ``x`` (B, L, C) zero-padded to n; returns its first L
     samples, added to ``accumulate`` if given. The spectrum is (n, C) or (B, n, C) for the DCT and
     (n // 2 + 1, C) or (B, n // 2 + 1, C) for the FFT, as :func:`kernel_spectrum` gives per channel;
-    ``prepared=True`` when it already went through :func:`prepare_multiplier`."""
+    ``prepared=True`` when it already went through :func:`prepare_multiplier`. ``in_place`` as in
+    :func:`dct_seq`."""
     length = x.shape[1]
     grad = torch.is_grad_enabled()
     if not prepared:
         multiplier = prepare_multiplier(multiplier, transform, n)
-    if transform == "dct" and _uses_matmul(n):
+    algorithm = dct_algorithm(x, n) if transform == "dct" else None
+    if algorithm == "matmul":
         product = sequence_matmul(dct_matrix(n, x.dtype, x.device)[:, :length], x, multiply=multiplier)
         return idct_seq(product, length, accumulate)
-    if transform == "dct":
+    if algorithm == "pocketfft":
+        product = _pocketfft_dct(x, n, in_place)
+        product = product * multiplier if grad else product.mul_(multiplier)
+        signal = _pocketfft_idct(product, length, in_place=True)
+    elif algorithm == "makhoul":
         z = _makhoul_pairs(x, n)
         # Real parts times H[k], imaginary parts times H[n - k]: both operands walk their channels with unit
         # (or 2) stride, where a (half, C, 2) view of the pairs would stride by C and run several times slower.
@@ -868,12 +968,15 @@ class ConditioningNetwork(nn.Module):
         transform length n >= L, (B, n, C) for the DCT and (B, n // 2 + 1, C) for the FFT. Each channel is
         independent: ``channels`` says which of the network's channels u holds."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
+        # The time features are new tensors, which the transforms may overwrite, unless there is no layer to make them.
+        fresh = mask is not None or len(self.time_conv.layers) > 0
         key = self._time_features(self.time_conv, u, mask, wrap, channels)
         if self.conditioning == "abs":
-            return self.freq_conv(transform_seq(key, n, self.transform, magnitude=True), channels=channels)
-        key_spectrum = transform_seq(key, n, self.transform)
+            spectrum = transform_seq(key, n, self.transform, magnitude=True, in_place=fresh)
+            return self.freq_conv(spectrum, channels=channels)
+        key_spectrum = transform_seq(key, n, self.transform, in_place=fresh)
         query = self._time_features(self.query_conv, u, mask, wrap, channels)
-        query_spectrum = transform_seq(query, n, self.transform)
+        query_spectrum = transform_seq(query, n, self.transform, in_place=fresh)
         if self.activation != "identity":
             magnitude = query_spectrum.abs()
             query_spectrum = query_spectrum * (
@@ -1138,7 +1241,7 @@ class OrchidOperator(nn.Module):
             with torch.autocast(device_type=x.device.type, enabled=False):
                 # The gated tensor is fresh: without autograd the product goes into s1's place.
                 u = self._masked((s1 * v if grad else s1.mul_(v)).to(compute_dtype), mask, inplace=True)
-                y = convolve_seq(u, spectrum, self.transform, n, prepared=True)
+                y = convolve_seq(u, spectrum, self.transform, n, prepared=True, in_place=not grad)
                 del u, spectrum
                 y = y * s2 if grad else y.mul_(s2)
                 if residual is not None:
@@ -1218,7 +1321,7 @@ class OrchidOperator(nn.Module):
         made_in_inference = (p.is_inference() for p in long_filter.parameters())
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or any(made_in_inference):
             return self._build_filter_spectrum(long_filter, [ALL_CHANNELS], dtype, direct)
-        key = (dtype, MATMUL_DCT_MAX_LEN, *map(parameter_state, long_filter.parameters()))
+        key = (dtype, MATMUL_DCT_MAX_LEN, POCKETFFT_DCT, *map(parameter_state, long_filter.parameters()))
         cached = self._spectrum_cache.get(name)
         if cached is None or cached[0] != key:
             cached = (key, self._build_filter_spectrum(long_filter, self.channel_groups(batch=1), dtype, direct))
@@ -1247,7 +1350,7 @@ class OrchidOperator(nn.Module):
             if multiplier is None:
                 # The dimensions from outermost to innermost in memory, as the whole filter would have them.
                 last = part.dim() - 1
-                if direct and transforms_channel_by_channel(self.transform, self.max_len):
+                if direct and transforms_channel_by_channel(part, self.transform, self.max_len):
                     order = [last, *range(last)]  # channels outermost, as transform_layout lays them out
                 else:  # as the part comes: channel by channel from the real FFT, row-major from a gather or GEMM
                     order = sorted(range(part.dim()), key=part.stride, reverse=True)

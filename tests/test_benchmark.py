@@ -183,35 +183,103 @@ def test_shapes_and_lengths_parse():
 # ---------------------------------------------------------------------------------------------
 
 
+DCT_ALGORITHMS = {  # (POCKETFFT_DCT, MATMUL_DCT_MAX_LEN) that make dct_algorithm choose each on the CPU
+    "pocketfft": (True, 128),
+    "matmul": (False, 1024),
+    "makhoul": (False, 0),
+}
+
+
+def use_dct_algorithm(monkeypatch, algorithm: str) -> None:
+    pocketfft, matmul_max_len = DCT_ALGORITHMS[algorithm]
+    monkeypatch.setattr(orchid_layers, "POCKETFFT_DCT", pocketfft)
+    monkeypatch.setattr(orchid_layers, "MATMUL_DCT_MAX_LEN", matmul_max_len)
+    assert orchid_layers.dct_algorithm(torch.zeros(1, dtype=torch.float64), 40) == algorithm
+
+
 @pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
-def test_fft_based_dct_path_equals_the_matmul_path(monkeypatch, conditioning):
-    # Up to MATMUL_DCT_MAX_LEN the DCT is a GEMM; beyond it Makhoul's FFT algorithm in pair form. Both
-    # must give the same operator, with masks, shorter inputs, cross-conditioning and gradients.
+def test_the_three_dct_algorithms_give_the_same_operator(monkeypatch, conditioning):
+    # On the CPU the DCT runs through pocketfft; elsewhere as a GEMM up to MATMUL_DCT_MAX_LEN, beyond it through
+    # Makhoul's FFT algorithm in pair form. All three must give the same operator, with masks, shorter inputs,
+    # cross-conditioning and gradients, and without autograd, where they work in place.
     torch.manual_seed(0)
     op = OrchidOperator(6, 40, conditioning=conditioning, conditioning_time_layers=2).double()
     x = torch.randn(2, 33, 6, dtype=torch.float64, requires_grad=True)
+    full = torch.randn(2, 40, 6, dtype=torch.float64)
     u = torch.randn(2, 21, 6, dtype=torch.float64)
     mask = torch.ones(2, 33)
     mask[1, 20:] = 0
 
-    def run():
+    def run(algorithm):
+        use_dct_algorithm(monkeypatch, algorithm)
         x.grad = None
         y = op(x, mask) + op(x, conditioning_input=u)
         y.square().sum().backward()
         with torch.no_grad():
-            eval_out = op(x, mask)
-        return y.detach(), x.grad.clone(), eval_out
+            eval_out = op(x, mask), op(full)
+        return y.detach(), x.grad.clone(), *eval_out
 
-    monkeypatch.setattr(orchid_layers, "MATMUL_DCT_MAX_LEN", 1024)
-    matmul = run()
-    monkeypatch.setattr(orchid_layers, "MATMUL_DCT_MAX_LEN", 0)
-    fft = run()
-    for a, b in zip(matmul, fft):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    results = {algorithm: run(algorithm) for algorithm in DCT_ALGORITHMS}
+    for algorithm in ("matmul", "makhoul"):
+        for a, b in zip(results["pocketfft"], results[algorithm]):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize(("n", "length"), [(16, 16), (16, 9), (45, 31)])
+def test_pocketfft_dct_gradients(n, length):
+    # The autograd rules of the pocketfft transforms: the orthonormal, zero-padded DCT's gradient is the inverse DCT
+    # cut to the input's length, and the other way round; their own gradients again (double backward).
+    x = torch.randn(2, length, 3, dtype=torch.float64, requires_grad=True)
+    spectrum = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
+    assert orchid_layers.dct_algorithm(x, n) == "pocketfft"
+    transforms = ((lambda t: orchid_layers.dct_seq(t, n), x), (lambda t: orchid_layers.idct_seq(t, length), spectrum))
+    for fn, arg in transforms:
+        assert torch.autograd.gradcheck(fn, (arg,))
+        assert torch.autograd.gradgradcheck(fn, (arg,))
+
+
+def test_pocketfft_dct_writes_over_its_input_only_when_told_and_never_under_autograd():
+    n = 32
+    rows = torch.randn(2, n, 9, dtype=torch.float64)
+    x = rows[..., :3]  # a strided view, as the operator's gates are
+    expected = orchid_layers.dct(x.transpose(1, 2)).transpose(1, 2)
+    before = rows.clone()
+    with torch.no_grad():
+        copied = orchid_layers.dct_seq(x, n)
+        assert torch.equal(rows, before)
+        in_place = orchid_layers.dct_seq(x, n, in_place=True)
+        assert in_place.data_ptr() == x.data_ptr() and torch.equal(rows[..., 3:], before[..., 3:])
+    torch.testing.assert_close(copied, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(in_place, expected, atol=1e-12, rtol=0)
+    x = before[..., :3].clone().requires_grad_()
+    spectrum = orchid_layers.dct_seq(x, n, in_place=True)
+    assert torch.equal(x.detach(), before[..., :3]) and spectrum.requires_grad
+
+
+def test_pocketfft_dct_results_are_counted_by_the_benchmarks_memory_profile():
+    # pocketfft writes into tensors of torch's own, so the profiler that measures peak memory sees them.
+    x = torch.randn(1, 4096, 16)
+    with torch.no_grad():
+        peak = benchmark.profiled_peak_bytes(lambda: orchid_layers.dct_seq(x, 4096))
+    assert peak >= x.numel() * x.element_size()
+
+
+def test_the_dct_falls_back_to_torch_without_scipy_off_the_cpu_and_under_compile(monkeypatch):
+    x = torch.zeros(1, 8, 2)
+    assert orchid_layers.dct_algorithm(x, 128) == "pocketfft"
+    assert orchid_layers.dct_algorithm(x.half(), 128) == "matmul"
+    assert orchid_layers.dct_algorithm(torch.zeros(1, 8, 2, device="meta"), 129) == "makhoul"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert orchid_layers.dct_algorithm(x, 128) == "matmul"
+    monkeypatch.undo()
+    monkeypatch.setattr(orchid_layers, "scipy_fft", None)
+    assert orchid_layers.dct_algorithm(x, 129) == "makhoul"
+
+
+@pytest.mark.parametrize("algorithm", list(DCT_ALGORITHMS))
 @pytest.mark.parametrize("n,length", [(16, 16), (16, 9), (300, 300), (301, 250)])
-def test_sequence_axis_dct_equals_the_last_axis_dct(n, length):
+def test_sequence_axis_dct_equals_the_last_axis_dct(n, length, algorithm, monkeypatch):
+    use_dct_algorithm(monkeypatch, algorithm)
     x = torch.randn(2, length, 3, dtype=torch.float64)
     padded = torch.nn.functional.pad(x, (0, 0, 0, n - length))
     expected = orchid_layers.dct(padded.transpose(1, 2)).transpose(1, 2)

@@ -35,6 +35,14 @@ def channel_groups(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(autouse=True, params=["pocketfft DCT", "torch DCT"])
+def dct_in_torch_or_pocketfft(request, monkeypatch):
+    """Every test runs with the DCT through pocketfft, as on the CPU, and through torch, as on a GPU: a GEMM up to
+    MATMUL_DCT_MAX_LEN, Makhoul's FFT algorithm beyond."""
+    monkeypatch.setattr(orchid_layers, "POCKETFFT_DCT", request.param == "pocketfft DCT")
+    return request.param
+
+
 def direct_circular_convolution(x: np.ndarray, h: np.ndarray) -> np.ndarray:
     """y[t] = sum_s h[(t - s) mod N] x[s], the O(N^2) definition."""
     n = x.shape[-1]
@@ -639,8 +647,8 @@ def test_irfft_seq_returns_torchs_inverse_in_rows(padding, n, channels, monkeypa
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("data_dependent", [True, False])
 def test_inference_equals_the_autograd_forward_with_fft_sized_transforms(transform, data_dependent):
-    # N = 256 takes the DCT through the FFT (N > MATMUL_DCT_MAX_LEN): without autograd, the inverse transform's
-    # output is written with padded rows, and some multipliers are laid out like the transform's output.
+    # N = 256 takes torch's DCT through the FFT (N > MATMUL_DCT_MAX_LEN): without autograd, the inverse transform's
+    # output is written with padded rows. Some multipliers are laid out like the transform's output.
     torch.manual_seed(0)
     op = OrchidOperator(12, 256, transform=transform, data_dependent=data_dependent).eval()
     x = torch.randn(2, 200, 12)
@@ -651,9 +659,29 @@ def test_inference_equals_the_autograd_forward_with_fft_sized_transforms(transfo
     with torch.no_grad():
         inference = op(x, mask)
     torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
-    # Multipliers that meet the transform's output directly are laid out channel by channel, as it is.
+    # Multipliers that meet the transform's output directly are laid out as it is: channel by channel from torch's
+    # real FFT, row-major from pocketfft's DCT.
     direct = ["static", "residual"] if not data_dependent else ["residual"]
-    assert all(op._spectrum_cache[name][1].stride()[-1] > 1 for name in direct)
+    channel_major = transform == "fft" or not orchid_layers.POCKETFFT_DCT
+    assert all((op._spectrum_cache[name][1].stride()[-1] > 1) == channel_major for name in direct)
+
+
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+@pytest.mark.parametrize("time_layers", [0, 1])
+@pytest.mark.parametrize("masked", [False, True])
+def test_inference_equals_the_autograd_forward_at_every_conditioning_depth(conditioning, time_layers, masked):
+    # Without autograd the conditioning network's transforms overwrite the time features they transform, which
+    # must never be v itself: with no time layer and no mask, v reaches the transform as it is.
+    torch.manual_seed(0)
+    op = OrchidOperator(8, 32, conditioning=conditioning, conditioning_time_layers=time_layers).eval()
+    x = torch.randn(2, 32, 8)
+    mask = torch.ones(2, 32, dtype=torch.long)
+    mask[1, 20:] = 0
+    mask = mask if masked else None
+    recorded = op(x, mask)
+    with torch.no_grad():
+        inference = op(x, mask)
+    torch.testing.assert_close(inference, recorded.detach(), atol=1e-6, rtol=0)
 
 
 def test_the_operator_writes_into_a_lent_output_and_refuses_one_that_does_not_fit(monkeypatch):
