@@ -1,4 +1,5 @@
-"""Checkpoints: safetensors only, remote code without orchid_hf installed, corrupt files, pipelines."""
+"""Checkpoints: safetensors only, remote code without orchid_hf installed (and without SciPy), corrupt files,
+pipelines."""
 
 import json
 import shutil
@@ -84,25 +85,24 @@ def test_save_pretrained_writes_safetensors_and_the_remote_code(saved_heads):
 
 REMOTE_LOADER = textwrap.dedent(
     """
-    import importlib.abc, sys
+    import sys
 
-    class BlockOrchid(importlib.abc.MetaPathFinder):
-        # The environment of a user who never installed orchid_hf.
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] == "orchid_hf":
-                raise ModuleNotFoundError("No module named 'orchid_hf'")
-
-    sys.meta_path.insert(0, BlockOrchid())
-    try:
-        import orchid_hf  # noqa: F401
-        raise SystemExit("orchid_hf is importable; the test would prove nothing")
-    except ModuleNotFoundError:
-        pass
+    # The environment of a user who never installed orchid_hf (nor, with "scipy" blocked, SciPy): a None entry in
+    # sys.modules makes every import of the package fail, and importlib.util.find_spec report it missing.
+    blocked = sys.argv[1].split(",")
+    for package in blocked:
+        sys.modules[package] = None
+    for package in blocked:
+        try:
+            __import__(package)
+            raise SystemExit(f"{package} is importable; the test would prove nothing")
+        except ModuleNotFoundError:
+            pass
 
     import torch, transformers
     from safetensors.torch import load_file
 
-    root, heads = sys.argv[1], sys.argv[2:]
+    root, heads = sys.argv[2], sys.argv[3:]
     for spec in heads:
         name, auto_name = spec.split(":")
         folder = f"{root}/{name}"
@@ -114,15 +114,18 @@ REMOTE_LOADER = textwrap.dedent(
             output = model(**tensors)
         got = output.logits if hasattr(output, "logits") else output.last_hidden_state
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
-        print("remote-ok", name, type(model).__name__)
+        layers = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".orchid_layers"]
+        print("remote-ok", name, type(model).__name__, "dct:" + ("torch" if layers.scipy_fft is None else "pocketfft"))
     """
 )
 
 
-def test_every_head_loads_as_remote_code_without_orchid_hf(saved_heads, tmp_path, hf_modules_cache):
+@pytest.mark.parametrize("blocked", ["orchid_hf", "orchid_hf,scipy"])
+def test_every_head_loads_as_remote_code_without_orchid_hf(saved_heads, tmp_path, hf_modules_cache, blocked):
+    # Without SciPy the remote code runs the DCT in torch, and gives what the package gave through pocketfft.
     specs = [f"{name}:{auto}" for name, (_, auto, _) in HEADS.items()]
     result = subprocess.run(
-        [sys.executable, "-c", REMOTE_LOADER, str(saved_heads), *specs],
+        [sys.executable, "-c", REMOTE_LOADER, blocked, str(saved_heads), *specs],
         capture_output=True,
         text=True,
         cwd=tmp_path,  # not the repository, whose orchid_hf/ folder would be importable from the cwd
@@ -130,6 +133,7 @@ def test_every_head_loads_as_remote_code_without_orchid_hf(saved_heads, tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("remote-ok") == len(HEADS), result.stdout
+    assert result.stdout.count("dct:torch" if "scipy" in blocked else "dct:pocketfft") == len(HEADS), result.stdout
 
 
 def copy_checkpoint(source, destination):
