@@ -8,9 +8,9 @@ oneDNN convolutions, and its transforms act on axis 1, so no activation is ever 
 DCT runs through pocketfft, SciPy's FFT library, which computes it natively (``dct_algorithm``). Elsewhere, or
 without SciPy, it is a single GEMM with the orthonormal DCT matrix up to ``MATMUL_DCT_MAX_LEN`` (at N = 128 one GEMM
 beats an FFT wrapped in the reorderings and twiddles of Makhoul's algorithm), and beyond it one real FFT of length N.
-Without gradients, intermediate tensors are updated in place, which
-on CPU also saves the page faults of fresh large allocations. On long inputs the per-channel steps run for
-groups of channels in turn (``OrchidOperator.channel_groups``), so that their tensors stay small.
+Without gradients, intermediate tensors are updated in place, which on CPU also saves the page faults of fresh large
+allocations. On long inputs the per-channel steps run for groups of channels in turn
+(``OrchidOperator.channel_groups``), so that their tensors stay small.
 
 The functions ``dct``, ``idct``, ``long_convolution``, ``kernel_spectrum`` and ``apply_spectrum`` act on
 the last axis; the ``*_seq`` functions are their counterparts along the sequence axis.
@@ -1352,7 +1352,7 @@ class OrchidOperator(nn.Module):
                 last = part.dim() - 1
                 if direct and transforms_channel_by_channel(part, self.transform, self.max_len):
                     order = [last, *range(last)]  # channels outermost, as transform_layout lays them out
-                else:  # as the part comes: channel by channel from the real FFT, row-major from a gather or GEMM
+                else:  # as the part comes: channel by channel from torch's real FFT, else row-major
                     order = sorted(range(part.dim()), key=part.stride, reverse=True)
                 shape = [self.d_model if dim == last else part.shape[dim] for dim in order]
                 multiplier = part.new_empty(shape).permute([order.index(dim) for dim in range(part.dim())])
