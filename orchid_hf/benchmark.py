@@ -878,8 +878,6 @@ def build_config(args: argparse.Namespace) -> dict:
     for field in ("point_budget_s", "max_call_s"):
         if getattr(args, field) <= 0:
             raise ValueError(f"{field} must be positive, got {getattr(args, field)}")
-    if args.profile:
-        parse_shapes(args.profile, "profile")
     if args.lengths:
         lengths = parse_lengths(args.lengths)
     else:
@@ -897,6 +895,7 @@ def build_config(args: argparse.Namespace) -> dict:
         modes=list(MODES),
         operator_impls=list(OPERATOR_IMPLS),
         model_shapes=shapes,
+        profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
         repeats=args.repeats if args.repeats else (2 if quick else 7),
         min_repeats=2 if quick else 3,
         point_budget_s=args.point_budget_s,
@@ -947,9 +946,9 @@ def run(args: argparse.Namespace) -> dict:
         (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
         (out_dir / f"{stem}.md").write_text(markdown_report(result))
 
-    if args.profile:
+    if cfg["profile_shapes"]:
         tables = []
-        for batch, length in parse_shapes(args.profile, "profile"):
+        for batch, length in cfg["profile_shapes"]:
             for impl in ["orchid"] + (["orchid_reference"] if reference is not None else []):
                 tables.append(profile_operator(impl, batch, length, cfg, reference))
                 log(f"profiled {impl} at (B={batch}, L={length})")
