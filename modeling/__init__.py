@@ -10,7 +10,7 @@ from .modeling_orchid import (
     OrchidModel,
     OrchidPreTrainedModel,
 )
-from .orchid_layers import BlockDiagonalLinear, OrchidOperator, dct, idct, long_convolution
+from .orchid_layers import BlockDiagonalLinear, OperatorSettings, OrchidOperator, dct, idct, long_convolution
 
 __all__ = [
     "PRESETS",
@@ -21,6 +21,7 @@ __all__ = [
     "OrchidForSequenceClassification",
     "OrchidForTokenClassification",
     "OrchidModel",
+    "OperatorSettings",
     "OrchidOperator",
     "OrchidPreTrainedModel",
     "dct",

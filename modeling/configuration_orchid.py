@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
+from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
-from .orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, FILTER_SPECTRA, TRANSFORMS
+from .orchid_layers import OperatorSettings, is_integer
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
@@ -95,7 +97,7 @@ AUTO_MAP = {
 }
 
 
-class OrchidConfig(PreTrainedConfig):
+class OrchidConfig(PreTrainedConfig, OperatorSettings):
     r"""Configuration of an Orchid encoder: BERT-style for text, ViT-style for images.
 
     A config with ``image_size`` set describes a vision model (patch embeddings, sequence length
@@ -103,23 +105,13 @@ class OrchidConfig(PreTrainedConfig):
     sequence length up to ``max_position_embeddings``). ``OrchidConfig.from_preset(name)`` gives the paper's
     sizes; the names are in ``OrchidConfig.preset_names()``.
 
-    Sequence mixer (the Orchid operator, Sec. 3):
-        transform: ``"dct"`` (orthonormal DCT-II, the paper's choice) or ``"fft"`` (circular convolution).
-        conditioning: ``"abs"`` (Type I, Eq. 2) or ``"xcorr"`` (Type II, Eq. 3/4).
-        conditioning_activation: sigma of Eq. 4 for ``"xcorr"``: identity, sigmoid, tanh, softsign, softshrink.
-        data_dependent: False keeps only the static kernel h0 (the Hyena / CKConv baseline).
-        short_conv_size: kernel of the depthwise convolution after the input projection (odd).
-        conditioning_time_kernel_size / conditioning_freq_kernel_size: kernels of the conditioning network's
-            convolutions in time and in frequency; conditioning_time_layers / conditioning_freq_layers their depth.
-        filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay: the static implicit
-            filter h0 = FFN(PosEmb(t)) (Remark 3.2).
-        filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as the authors' code does (the
-            default); ``"convolution"`` by the spectrum of a symmetric convolution with h0 (docs/model.md).
-        residual_long_conv: add a second static long convolution of the block input (App. C.3).
+    Sequence mixer: the fields of ``OperatorSettings`` (``transform``, ``conditioning``, ``short_conv_size``, the
+    conditioning network's and the implicit filters' sizes, ``residual_long_conv``; documented there), passed to
+    every layer's ``OrchidOperator`` as they are.
 
     Dimension mixer: ``mlp_type`` ``"mlp"`` or ``"glu"``, with ``mlp_num_blocks`` block-diagonal blocks (1 is dense).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
-    ``classifier_pooling``: ``"first"`` token or ``"mean"`` over real tokens for sequence classification.
+    ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification.
     """
 
     model_type = "orchid"
@@ -141,22 +133,6 @@ class OrchidConfig(PreTrainedConfig):
     pre_norm: bool = False
     mlp_type: str = "glu"
     mlp_num_blocks: int = 4
-    transform: str = "dct"
-    conditioning: str = "abs"
-    conditioning_activation: str = "identity"
-    data_dependent: bool = True
-    short_conv_size: int = 3
-    conditioning_time_kernel_size: int = 3
-    conditioning_freq_kernel_size: int = 3
-    conditioning_time_layers: int = 1
-    conditioning_freq_layers: int = 1
-    filter_emb_dim: int = 5
-    filter_width: int = 64
-    filter_depth: int = 1
-    filter_sin_frequency: float = 1.0
-    filter_decay: bool = True
-    filter_spectrum: str = "listing1"
-    residual_long_conv: bool = True
     classifier_pooling: str = "first"
     classifier_dropout: float | None = None
     image_size: int | None = None
@@ -193,71 +169,53 @@ class OrchidConfig(PreTrainedConfig):
         return self.num_patches if self.is_vision else self.max_position_embeddings
 
     def _check_values(self) -> None:
-        positive = [
-            "hidden_size",
-            "num_hidden_layers",
-            "intermediate_size",
-            "max_position_embeddings",
-            "mlp_num_blocks",
-            "filter_emb_dim",
-            "filter_width",
-            "num_channels",
-        ]
+        """A ValueError naming the first field that is out of range, and its value."""
+        self.check_settings("OrchidConfig")
+        positive = ["hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
+                    "mlp_num_blocks", "num_channels"]
         if not self.is_vision:
             positive += ["vocab_size"]
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("type_vocab_size", "filter_depth", "conditioning_time_layers", "conditioning_freq_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"OrchidConfig.{name} must be a non-negative integer, got {value!r}")
-        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1 or value % 2 == 0:
-                raise ValueError(f"OrchidConfig.{name} must be a positive odd integer (centred), got {value!r}")
-        choices = {
-            "transform": TRANSFORMS,
-            "conditioning": CONDITIONINGS,
-            "conditioning_activation": CONDITIONING_ACTIVATIONS,
-            "filter_spectrum": FILTER_SPECTRA,
-            "mlp_type": MLP_TYPES,
-            "classifier_pooling": CLASSIFIER_POOLINGS,
-        }
+        if not is_integer(self.type_vocab_size) or self.type_vocab_size < 0:
+            raise ValueError(
+                f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"
+            )
+        choices = {"mlp_type": MLP_TYPES, "classifier_pooling": CLASSIFIER_POOLINGS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"OrchidConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"OrchidConfig.hidden_act={self.hidden_act!r} is not an activation transformers knows (ACT2FN), "
+                "e.g. 'gelu', 'gelu_new', 'relu', 'silu'"
+            )
         for name in ("hidden_dropout_prob", "classifier_dropout"):
             value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
+            if value is not None and not (is_number(value) and 0.0 <= value < 1.0):
                 raise ValueError(f"OrchidConfig.{name} must be in [0, 1), got {value!r}")
-        if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError(
-                "OrchidConfig.layer_norm_eps and initializer_range must be > 0, got "
-                f"{self.layer_norm_eps} and {self.initializer_range}"
-            )
+        for name in ("layer_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            if not (is_number(value) and math.isfinite(value) and value > 0):
+                raise ValueError(f"OrchidConfig.{name} must be a finite number > 0, got {value!r}")
         widths = {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size}
         for name, width in widths.items():
             if width % self.mlp_num_blocks:
                 raise ValueError(
                     f"OrchidConfig.{name}={width} must be divisible by mlp_num_blocks={self.mlp_num_blocks}"
                 )
-        if self.conditioning_time_layers + self.conditioning_freq_layers == 0 and self.data_dependent:
-            raise ValueError(
-                "OrchidConfig.conditioning_time_layers and conditioning_freq_layers are both 0; the conditioning "
-                "network needs at least one convolution (or set data_dependent=False)"
-            )
         if self.pad_token_id is not None and not self.is_vision and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"OrchidConfig.pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
         if self.is_vision:
-            if self.patch_size is None or self.patch_size < 1:
+            if not is_integer(self.patch_size) or self.patch_size < 1:
                 raise ValueError(
-                    f"OrchidConfig.patch_size must be a positive integer for images, got {self.patch_size}"
+                    f"OrchidConfig.patch_size must be a positive integer for images, got {self.patch_size!r}"
                 )
-            if self.image_size < 1 or self.image_size % self.patch_size:
+            if not is_integer(self.image_size) or self.image_size < 1 or self.image_size % self.patch_size:
                 raise ValueError(
-                    f"OrchidConfig.patch_size={self.patch_size} must divide image_size={self.image_size}"
+                    f"OrchidConfig.patch_size={self.patch_size} must divide image_size={self.image_size!r}"
                 )
             if self.hidden_size % 4:
                 raise ValueError(
@@ -266,8 +224,19 @@ class OrchidConfig(PreTrainedConfig):
                 )
         elif self.patch_size is not None:
             raise ValueError(f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not")
+        length_field = "the number of patches" if self.is_vision else "max_position_embeddings"
+        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
+            if getattr(self, name) > self.max_sequence_length:
+                raise ValueError(
+                    f"OrchidConfig.{name}={getattr(self, name)} is longer than the sequence, {length_field}="
+                    f"{self.max_sequence_length}"
+                )
         if self.num_labels is not None and self.num_labels < 1:
             raise ValueError(f"OrchidConfig.num_labels must be >= 1, got {self.num_labels}")
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 __all__ = ["OrchidConfig", "PRESETS"]

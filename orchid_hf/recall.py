@@ -36,6 +36,8 @@ from .modeling.orchid_layers import (
     FILTER_SPECTRA,
     TRANSFORMS,
     OrchidOperator,
+    forward_transform,
+    masked,
 )
 
 MODELS = ("orchid", "static", "transformer")
@@ -184,13 +186,6 @@ class MLP(nn.Sequential):
         super().__init__(nn.Linear(d_model, ratio * d_model), nn.GELU(), nn.Linear(ratio * d_model, d_model))
 
 
-class ChannelNorm(nn.LayerNorm):
-    """LayerNorm over the channels of a (B, C, N) tensor."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.transpose(1, 2)).transpose(1, 2)
-
-
 class NormalizedConditioning(nn.Module):
     """Type I conditioning with a LayerNorm over channels after the time and the frequency convolutions.
 
@@ -203,16 +198,13 @@ class NormalizedConditioning(nn.Module):
         if inner.conditioning != "abs":
             raise ValueError(f"conditioning_norm supports conditioning='abs' only, got {inner.conditioning!r}")
         self.inner = inner
-        self.time_norm = ChannelNorm(channels)
-        self.freq_norm = ChannelNorm(channels)
+        self.time_norm = nn.LayerNorm(channels)  # over the channels of (B, L, C) features and (B, N, C) spectra
+        self.freq_norm = nn.LayerNorm(channels)
 
-    def forward(self, u: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        from .modeling.orchid_layers import forward_transform
-
-        key = self.time_norm(self.inner.time_conv(u, mask))
-        if mask is not None:
-            key = key * mask
-        spectrum = forward_transform(key, self.inner.transform).abs()
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The wrapped network's signature: u (B, L, C), transform length n, mask (B, L, 1) or None."""
+        key = self.time_norm(self.inner.time_conv(u, mask, u.shape[1] == n))
+        spectrum = forward_transform(masked(key, mask), self.inner.transform, n).abs()
         return self.freq_norm(self.inner.freq_conv(spectrum))
 
 
