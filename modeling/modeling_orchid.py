@@ -140,6 +140,7 @@ class OrchidMLP(nn.Module):
         up_features = 2 * config.intermediate_size if self.is_glu else config.intermediate_size
         self.up_proj = feature_linear(config.hidden_size, up_features, config.mlp_num_blocks)
         self.down_proj = feature_linear(config.intermediate_size, config.hidden_size, config.mlp_num_blocks)
+        self.hidden_act = config.hidden_act
         self.act = ACT2FN[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 

@@ -12,6 +12,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from .inference import optimize_for_inference
 from .modeling import (
     PRESETS,
     BlockDiagonalLinear,
@@ -46,4 +47,5 @@ __all__ = [
     "OrchidOperator",
     "OrchidPreTrainedModel",
     "__version__",
+    "optimize_for_inference",
 ]
