@@ -112,6 +112,11 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     Dimension mixer: ``mlp_type`` ``"mlp"`` or ``"glu"``, with ``mlp_num_blocks`` block-diagonal blocks (1 is dense).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
     ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification.
+    ``chunk_size_feed_forward``: everything after each layer's mixer (the residual sums, the LayerNorms and the MLP)
+    acts on each token alone, and runs on runs of this many tokens of the flattened (batch x length) input; 0 runs it
+    on all tokens at once. The default keeps the MLP's intermediate tensors (``tokens x 2 intermediate_size`` for
+    the GLU) below the size at which glibc's allocator maps fresh pages on every call, which on long inputs cost
+    about as much as the pass that fills them. (transformers' BERT reads the same field as positions per chunk.)
     """
 
     model_type = "orchid"
@@ -138,6 +143,7 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     image_size: int | None = None
     patch_size: int | None = None
     num_channels: int = 3
+    chunk_size_feed_forward: int = 1024
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
@@ -179,6 +185,11 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
+        if not is_integer(self.chunk_size_feed_forward) or self.chunk_size_feed_forward < 0:
+            raise ValueError(
+                "OrchidConfig.chunk_size_feed_forward must be a non-negative integer (tokens per chunk; 0 for none), "
+                f"got {self.chunk_size_feed_forward!r}"
+            )
         if not is_integer(self.type_vocab_size) or self.type_vocab_size < 0:
             raise ValueError(
                 f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"

@@ -164,6 +164,7 @@ class OrchidLayer(GradientCheckpointingLayer):
     def __init__(self, config: OrchidConfig):
         super().__init__()
         self.pre_norm = config.pre_norm
+        self.chunk_size_feed_forward = config.chunk_size_feed_forward
         self.mixer = OrchidOperator.from_config(config)
         self.mixer_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -171,11 +172,23 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
+        mixed = self.mixer_dropout(self.mixer(mixer_input, attention_mask))
+        # Everything after the mixer acts on each token alone: it runs on runs of chunk_size_feed_forward tokens, so
+        # that the MLP's wide intermediate tensors stay small (see OrchidConfig).
+        size = self.chunk_size_feed_forward
+        if size <= 0 or hidden_states.shape[:-1].numel() <= size:
+            return self.feed_forward(hidden_states, mixed)
+        width = hidden_states.shape[-1]
+        chunks = zip(hidden_states.reshape(-1, width).split(size), mixed.reshape(-1, width).split(size))
+        return torch.cat([self.feed_forward(*chunk) for chunk in chunks]).view(hidden_states.shape)
+
+    def feed_forward(self, hidden_states: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The residual connection around the mixer, and the MLP with its own, with their LayerNorms."""
         if self.pre_norm:
-            mixed = self.mixer(self.mixer_norm(hidden_states), attention_mask)
-            hidden_states = hidden_states + self.mixer_dropout(mixed)
+            hidden_states = hidden_states + mixed
             return hidden_states + self.mlp(self.mlp_norm(hidden_states))
-        hidden_states = self.mixer_norm(hidden_states + self.mixer_dropout(self.mixer(hidden_states, attention_mask)))
+        hidden_states = self.mixer_norm(hidden_states + mixed)
         return self.mlp_norm(hidden_states + self.mlp(hidden_states))
 
 

@@ -184,8 +184,44 @@ def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Masks
+# Masks and channel groups
 # ---------------------------------------------------------------------------------------------
+
+# Every step between the operator's projections acts on each channel alone. On long inputs the operator runs them for
+# groups of channels in turn, each group's tensors holding about this many numbers (2 MiB in float32) and at least
+# MIN_CHANNEL_GROUP channels: small tensors stay in cache and reuse freed memory, where sequence-sized ones (48 MiB at
+# 16K tokens and width 768) would take fresh pages from the operating system on every call.
+CHANNEL_GROUP_ELEMENTS = 2**19
+MIN_CHANNEL_GROUP = 32
+ALL_CHANNELS = slice(None)
+
+
+def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice | torch.Tensor:
+    """The channels of a (3 d_model)-wide tensor, such as in_proj's output, that hold the gates s1, s2 and the value v
+    of ``channels``: all of them, or an index of the three runs."""
+    if channels == ALL_CHANNELS:
+        return ALL_CHANNELS
+    index = torch.arange(channels.start, channels.stop, device=device)
+    return torch.cat([index, index + d_model, index + 2 * d_model])
+
+
+def select_gates(projected: torch.Tensor, channels: slice, d_model: int) -> torch.Tensor:
+    """The columns of ``projected`` (..., 3 d_model) that :func:`gate_channels` names, as three runs joined (several
+    times faster than gathering them by index)."""
+    if channels == ALL_CHANNELS:
+        return projected
+    runs = [projected[..., k * d_model + channels.start : k * d_model + channels.stop] for k in range(3)]
+    return torch.cat(runs, dim=-1)
+
+
+def channel_groups(channels: int, tokens: int) -> list[slice]:
+    """Consecutive ranges of ``channels`` whose (tokens, group) tensors hold about ``CHANNEL_GROUP_ELEMENTS`` numbers;
+    all channels at once where that would make fewer than four groups, which would save little."""
+    width = max(CHANNEL_GROUP_ELEMENTS // tokens // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP, MIN_CHANNEL_GROUP)
+    if 4 * width > channels:
+        return [ALL_CHANNELS]
+    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
+
 
 
 def check_attention_mask(attention_mask: torch.Tensor, shape: tuple[int, int], name: str = "attention_mask"):
@@ -271,9 +307,12 @@ class ShortConvolution(nn.Module):
         bound = 1 / math.sqrt(self.kernel_size)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS
+    ) -> torch.Tensor:
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
-        transform is zero-padded to it, so its circle closes over zeros."""
+        transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
+        of the layer's channels x holds (the operator mixes long inputs a group of channels at a time)."""
         pad = self.kernel_size // 2
         image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
         padding = pad
@@ -281,8 +320,8 @@ class ShortConvolution(nn.Module):
             image = torch.cat([image[..., x.shape[1] - pad :], image, image[..., :pad]], dim=-1)
             padding = 0
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight, bias = self.weight.to(x.dtype).unsqueeze(2), self.bias.to(x.dtype)
-        out = F.conv2d(image, weight, bias, padding=(0, padding), groups=self.channels)
+        weight, bias = self.weight[channels].to(x.dtype).unsqueeze(2), self.bias[channels].to(x.dtype)
+        out = F.conv2d(image, weight, bias, padding=(0, padding), groups=weight.shape[0])
         return out.squeeze(2).transpose(1, 2)
 
     def extra_repr(self) -> str:
@@ -297,9 +336,11 @@ class ShortConvolutionStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ShortConvolution(channels, kernel_size, circular) for _ in range(depth))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True, channels: slice = ALL_CHANNELS
+    ) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(masked(x, mask), wrap)
+            x = layer(masked(x, mask), wrap, channels)
         return masked(x, mask)
 
 
@@ -405,19 +446,26 @@ class ImplicitFilter(nn.Module):
 
     def forward(self) -> torch.Tensor:
         """The kernel h0 in the time domain, (length, channels), in the filter's dtype."""
-        # The skip parameter tells the filter's dtype; the constant buffers follow it.
-        dtype = self.skip.dtype
-        return self.ffn(self.lag_features.to(dtype)) * self.envelope.to(dtype)
+        return self.lag_response() * self.envelope.to(self.skip.dtype)
 
-    def spectrum(self, dtype: torch.dtype) -> torch.Tensor:
-        """The multiplier of ``h0 * x + skip * x`` in ``dtype``: (length, channels) under the DCT, (length // 2 + 1,
-        channels) under the FFT."""
-        kernel = self().to(dtype)
+    def lag_response(self) -> torch.Tensor:
+        """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN."""
+        # The skip parameter tells the filter's dtype; the constant features follow it.
+        return self.ffn(self.lag_features.to(self.skip.dtype))
+
+    def spectrum(
+        self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
+    ) -> torch.Tensor:
+        """The multiplier of ``h0 * x + skip * x`` for ``channels`` in ``dtype``: (length, channels) under the DCT,
+        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` for all channels, which the
+        operator computes once and decays and transforms a group of channels at a time."""
+        response = self.lag_response() if response is None else response
+        kernel = (response[:, channels] * self.envelope[:, channels].to(response.dtype)).to(dtype)
         if self.listing1:
             multiplier = dct(kernel, dim=0)
         else:
             multiplier = kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + self.skip.to(dtype)
+        return multiplier + self.skip[channels].to(dtype)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, length={self.length}, transform={self.transform!r}"
@@ -473,22 +521,26 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
         self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers)
 
-    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
+    ) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
-        for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
+        for the DCT, (B, n // 2 + 1, C) complex for the FFT. Each channel is independent: ``channels`` says which of
+        the network's channels u holds."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
-        key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
+        key = forward_transform(self.time_conv(u, mask, wrap, channels), self.transform, n)
         if self.conditioning == "abs":
-            return self.freq_conv(key.abs())
-        query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
+            return self.freq_conv(key.abs(), channels=channels)
+        query = forward_transform(self.query_conv(u, mask, wrap, channels), self.transform, n)
         if self.activation != "identity":
             magnitude = query.abs()
             query = query * (magnitude_activation(self.activation, magnitude) / magnitude.clamp_min(1e-12))
         product = key.conj() * query
         if torch.is_complex(product):
             # A real convolution over frequency, on the real and imaginary parts alike.
-            return torch.complex(self.freq_conv(product.real), self.freq_conv(product.imag))
-        return self.freq_conv(product)
+            real = self.freq_conv(product.real, channels=channels)
+            return torch.complex(real, self.freq_conv(product.imag, channels=channels))
+        return self.freq_conv(product, channels=channels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -689,24 +741,35 @@ class OrchidOperator(nn.Module):
         projected = masked(self.in_proj(x), mask)
         # A sequence shorter than the transform is zero-padded to it: its circle closes over zeros.
         wrap = x.shape[1] == n
-        s1, s2, v = self.short_conv(projected, wrap).split(d, dim=-1)
+        if self.conditioning is not None:
+            if conditioning_input is None:
+                # h_theta reads v before the short convolution (Listing 1).
+                source, source_mask = projected[..., 2 * d :], mask
+            else:
+                source, source_mask = self._project_value(conditioning_input, conditioning_mask)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            # The kernel h = h0 + h_theta in the transform domain (Remark 3.2).
-            kernel = self.static_filter.spectrum(compute_dtype)
-            if self.conditioning is not None:
-                if conditioning_input is None:
-                    # h_theta reads v before the short convolution (Listing 1).
-                    source, source_mask = projected[..., 2 * d :], mask
-                else:
-                    source, source_mask = self._project_value(conditioning_input, conditioning_mask)
-                kernel = kernel + self.conditioning(source.to(compute_dtype), n, source_mask)
-            # y = s2 * (h * (s1 * v)), the chain of order 1.5 (Sec. 3.3).
-            y = long_convolution(masked((s1 * v).to(compute_dtype), mask), kernel, self.transform, n) * s2
-            if self.residual_filter is not None:
-                residual = self.residual_filter.spectrum(compute_dtype)
-                y = y + long_convolution(x.to(compute_dtype), residual, self.transform, n)
-            y = masked(y, mask).to(x.dtype)
-        return self.out_proj(y)
+            static = self.static_filter.lag_response()
+            residual = None if self.residual_filter is None else self.residual_filter.lag_response()
+        # From here on every step acts on each channel alone (see channel_groups).
+        outputs = []
+        for channels in channel_groups(d, x.shape[0] * n):
+            # s1, s2 and v of these channels: the short convolution on their columns of in_proj's output.
+            gates = select_gates(projected, channels, d)
+            s1, s2, v = self.short_conv(gates, wrap, gate_channels(channels, d, x.device)).chunk(3, dim=-1)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                # The kernel h = h0 + h_theta in the transform domain (Remark 3.2).
+                kernel = self.static_filter.spectrum(compute_dtype, static, channels)
+                if self.conditioning is not None:
+                    source_channels = source[..., channels].to(compute_dtype)
+                    kernel = kernel + self.conditioning(source_channels, n, source_mask, channels)
+                # y = s2 * (h * (s1 * v)), the chain of order 1.5 (Sec. 3.3).
+                u = masked((s1 * v).to(compute_dtype), mask)
+                y = long_convolution(u, kernel, self.transform, n) * s2
+                if residual is not None:
+                    multiplier = self.residual_filter.spectrum(compute_dtype, residual, channels)
+                    y = y + long_convolution(x[..., channels].to(compute_dtype), multiplier, self.transform, n)
+                outputs.append(masked(y, mask).to(x.dtype))
+        return self.out_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1))
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None

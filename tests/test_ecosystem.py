@@ -173,10 +173,10 @@ def test_forward_hooks_fire_once_per_module_call(grad):
         model(**text_batch())
     for layer in range(2):
         prefix = f"encoder.layer.{layer}"
-        for part in ("mixer", "mixer.in_proj", "mixer.short_conv", "mixer.out_proj", "mixer.static_filter",
+        for part in ("mixer", "mixer.in_proj", "mixer.short_conv", "mixer.out_proj", "mixer.static_filter.ffn",
                      "mixer.static_filter.ffn.0", "mixer.conditioning", "mixer.conditioning.time_conv.layers.0",
-                     "mixer.residual_filter", "mlp", "mlp.up_proj", "mlp.up_proj.blocks.3", "mlp.down_proj.blocks.0",
-                     "mixer_norm", "mlp_norm"):
+                     "mixer.residual_filter.ffn", "mlp", "mlp.up_proj", "mlp.up_proj.blocks.3",
+                     "mlp.down_proj.blocks.0", "mixer_norm", "mlp_norm"):
             assert calls.get(f"{prefix}.{part}") == 1, (prefix, part, calls.get(f"{prefix}.{part}"))
 
 

@@ -21,6 +21,16 @@ from orchid_hf import BlockDiagonalLinear, OrchidOperator
 LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 
 
+@pytest.fixture(autouse=True, params=["channels together", "channels in groups"])
+def channel_groups(request, monkeypatch):
+    """Every test runs with all channels in one group and with one channel per group, which is how long inputs run
+    (in groups of 32 channels and more)."""
+    if request.param == "channels in groups":
+        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
+    return request.param
+
+
 @pytest.fixture(autouse=True, params=["pocketfft DCT", "torch DCT"])
 def dct_backend(request, monkeypatch):
     """Every test runs with the DCT through pocketfft, as on the CPU, and through torch's real FFT (Makhoul's
@@ -428,6 +438,24 @@ def test_non_finite_values_at_padded_positions_never_reach_real_tokens(value, si
     real.square().sum().backward()
     assert torch.isfinite(tokens.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in op.parameters())
+
+
+def test_channel_groups_cover_every_channel_once(channel_groups):
+    groups = orchid_layers.channel_groups(13, tokens=64)
+    if channel_groups == "channels together":
+        assert groups == [slice(None)]
+    else:
+        assert groups == [slice(i, i + 1) for i in range(13)]
+    # At the defaults (2^19 numbers, at least 32 channels): all of orchid-bert-base's 768 channels at once at (8, 128),
+    # groups of 128 at (1, 4096) and of 32 at (1, 16384).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 2**19)
+        patch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 32)
+        assert orchid_layers.channel_groups(768, 8 * 128) == [slice(None)]
+        assert orchid_layers.channel_groups(768, 4096) == [slice(i, i + 128) for i in range(0, 768, 128)]
+        assert len(orchid_layers.channel_groups(768, 16384)) == 24
+        assert orchid_layers.channel_groups(130, 16384)[-1] == slice(128, 130)  # the last group narrower
+        assert orchid_layers.channel_groups(100, 16384) == [slice(None)]  # three groups would save little
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.long, torch.float32, torch.float16])
