@@ -212,8 +212,8 @@ def parse_recipe_arguments(
         given = dict(file_values)
     else:
         explicit = _explicit_fields(parser, argv)
-        # The values given, as argparse sees them without any defaults, to pick the recipe.
-        namespace, _ = parser.parse_known_args(argv)
+        # The values given, to pick the recipe (--help waits for the second pass, which shows the recipe's values).
+        namespace, _ = parser.parse_known_args([arg for arg in argv if arg not in ("-h", "--help")])
         given = {name: getattr(namespace, name) for name in explicit if hasattr(namespace, name)}
     name = given.get("recipe") or (default_recipe(given) if callable(default_recipe) else default_recipe)
     recipe = get_recipe(name, kind)
