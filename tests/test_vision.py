@@ -435,6 +435,31 @@ def test_image_folder_training_writes_a_loadable_model_and_resumes(tmp_path, one
     assert fine_tuned["steps"] == 1 and fine_tuned["base_model"] is None
 
 
+def test_push_goes_through_trainer_with_the_card_and_the_processor(tmp_path, one_thread, monkeypatch):
+    from tests.test_pretraining import FakeHub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    hub = FakeHub()
+    monkeypatch.setattr("transformers.trainer.hf_api", lambda: hub)
+    root = write_image_folder(tmp_path / "colours", per_class=4)
+    out = tmp_path / "run"
+    train_image.main([
+        "--train_dir", str(root), "--config_overrides", "image_size=8,patch_size=4,hidden_size=32,num_hidden_layers=1",
+        "--max_steps", "1", "--per_device_train_batch_size", "4", "--train_val_split", "0.25", "--save_strategy", "no",
+        "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(out), "--disable_tqdm", "True",
+        "--push_to_hub", "--hub_model_id", "me/orchid-colours", "--hub_strategy", "end",
+    ])  # fmt: skip
+    (create, repo_id, _), *uploads = hub.calls
+    assert (create, repo_id) == ("create_repo", "me/orchid-colours")
+    assert [call[1]["commit_message"] for call in uploads] == ["Model save", "Image classification"]
+    pushed = set(uploads[-1][1]["files"])
+    assert {"README.md", "preprocessor_config.json", "model.safetensors", "modeling_orchid.py"} <= pushed
+    assert "all_results.json" in pushed and "checkpoint-*" in uploads[-1][1]["ignore_patterns"]
+    card = (out / "README.md").read_text()
+    assert "me/orchid-colours" in card and "model-index" in card  # the final card carries the accuracy
+
+
 def test_imagenet_recipe_trains_with_all_its_augmentations(tmp_path, one_thread):
     """RandomResizedCrop, RandAugment, random erasing and Mixup/CutMix in a real Trainer run (two steps)."""
     root = write_image_folder(tmp_path / "colours", size=24)

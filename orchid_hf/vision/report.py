@@ -103,16 +103,18 @@ def write_image_model_card(output_dir: str, results: dict, repo_id: str | None =
                 "metric_type": "accuracy",
                 "metric_value": round(results["accuracy"], 4),
             }
-        ],
+        ]
+        if "accuracy" in results
+        else None,
         description=(
-            f"A {model['model_type']} image classifier ({results['num_parameters']:,} parameters) trained with "
+            f"An image classifier ({model['model_type']}, {results['num_parameters']:,} parameters) trained with "
             f"`scripts/train_image.py` (recipe `{results['recipe']}`) on {dataset_name}."
         ),
         training={
             "recipe": results["recipe"],
             "model": ", ".join(f"{k}={v}" for k, v in model.items()),
             **results["hyperparameters"],
-            "epochs": results["epochs"],
+            "epochs": results.get("epochs"),
             "training images": results["num_train"],
         },
         example_input='"digit.png"' if results["dataset"] == "digits" else None,

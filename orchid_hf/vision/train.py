@@ -347,7 +347,7 @@ def train_image_classifier(parsed: ParsedArguments, callbacks: Sequence[TrainerC
     results["total_seconds"] = round(time.perf_counter() - started, 2)
     if trainer.is_world_process_zero():
         write_json(output_dir / "results.json", results)
-    if training_args.do_train and training_args.do_eval:
+    if training_args.do_train:
         finish_run(trainer, "Image classification")
     return results
 
