@@ -9,6 +9,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .extras import require_extra
+
 TEMPLATE_NAME = "orchid_model_card.md"
 
 # pipeline tag -> (Auto model class, preprocessing class, example input)
@@ -94,6 +96,7 @@ def write_model_card(
     """
     if task not in PIPELINES:
         raise ValueError(f"task must be one of {sorted(PIPELINES)}, got {task!r}")
+    require_extra("jinja2", "train")  # ModelCard.from_template renders with it
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"model folder {folder} does not exist")

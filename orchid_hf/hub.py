@@ -10,14 +10,50 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
-from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub import HfApi, is_offline_mode, snapshot_download
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from .training import HubUnavailableError, hub_offline
-
 logger = logging.getLogger(__name__)
+
+
+class HubUnavailableError(ValueError):
+    """A Hugging Face Hub name was given while the Hub cannot be reached (``HF_HUB_OFFLINE``)."""
+
+
+def hub_offline() -> bool:
+    """huggingface_hub's own offline check (``HF_HUB_OFFLINE``, read when huggingface_hub is imported), so that this
+    package, transformers and datasets agree on whether the Hub may be called."""
+    return is_offline_mode()
+
+
+def is_local_path(name: str | os.PathLike) -> bool:
+    return Path(name).expanduser().exists()
+
+
+def require_hub(name: str, *, what: str, how_to_local: str) -> None:
+    """Raise :class:`HubUnavailableError` at once when ``name`` is not a local path and the Hub is offline."""
+    if not is_local_path(name) and hub_offline():
+        raise HubUnavailableError(
+            f"{what} {name!r} is a Hugging Face Hub name and is not a local path, but HF_HUB_OFFLINE is set, "
+            f"so the Hub cannot be reached. {how_to_local}"
+        )
+
+
+def from_pretrained(loader, name_or_path: str, *, what: str, how_to_local: str, **kwargs):
+    """``loader.from_pretrained(name_or_path, **kwargs)``; offline, a Hub name is looked up in the local cache only
+    and a miss raises :class:`HubUnavailableError` with ``how_to_local`` instead of a network error."""
+    if is_local_path(name_or_path) or not hub_offline():
+        return loader.from_pretrained(name_or_path, **kwargs)
+    try:
+        return loader.from_pretrained(name_or_path, **{**kwargs, "local_files_only": True})
+    except OSError as error:
+        raise HubUnavailableError(
+            f"{what} {name_or_path!r} is not a local folder and is not in the Hugging Face cache, and "
+            f"HF_HUB_OFFLINE is set. {how_to_local}"
+        ) from error
 
 REMOTE_CODE_FILES = ("configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -128,4 +164,14 @@ def pull_from_hub(
     return path
 
 
-__all__ = ["REMOTE_CODE_FILES", "pull_from_hub", "push_to_hub", "upload_file_list"]
+__all__ = [
+    "REMOTE_CODE_FILES",
+    "HubUnavailableError",
+    "from_pretrained",
+    "hub_offline",
+    "is_local_path",
+    "pull_from_hub",
+    "push_to_hub",
+    "require_hub",
+    "upload_file_list",
+]

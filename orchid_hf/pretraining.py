@@ -1,10 +1,13 @@
-"""Masked-language-model pretraining of Orchid-BERT with the transformers Trainer (App. C.3).
+"""Masked-language-model pretraining (App. C.3) as transformers' ``run_mlm.py`` does it: ``scripts/pretrain_mlm.py``
+is the command line.
 
-The paper's recipe is the default: C4 (``allenai/c4``, ``en``, streamed from the Hub), the bert-base-uncased
-tokenizer, blocks of 128 tokens, 30% masking, decoupled AdamW with betas (0.9, 0.98), eps 1e-6, lr 8e-4,
-linear warmup over the first 6% of the steps then linear decay, weight decay 1e-5, gradient clipping 1.0,
-70k steps, bf16 where the hardware has it. Local text/json/parquet/csv files and a tokenizer folder replace
-the Hub for offline runs. ``scripts/pretrain_mlm.py`` is the command line; docs/training.md shows both paths.
+The paper's recipe (``--recipe orchid-bert-base-mlm``, the default) sets every default: C4 (``allenai/c4``, ``en``,
+streamed from the Hub), the bert-base-uncased tokenizer, blocks of 128 tokens, 30% masking, decoupled AdamW with
+betas (0.9, 0.98), eps 1e-6, lr 8e-4, decoupled weight decay 1e-5, linear warmup over the first 6% of the steps then
+linear decay to 0.02x (M2-BERT's schedule), the implicit filters in a parameter group of their own (lr 1e-3, weight
+decay 0.1, as in M2-BERT), gradient clipping 1.0, 70k steps, bf16 where the hardware has it. Local text, json,
+parquet or csv files and a tokenizer folder replace the Hub for offline runs. Any masked-LM model type trains with the
+same data and recipe (``--model_type bert``), which is how baselines are compared.
 """
 
 from __future__ import annotations
@@ -12,40 +15,47 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import math
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-import numpy as np
-import torch
-from transformers import (
+from .extras import require_extra
+
+require_extra("datasets", "train")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import (  # noqa: E402
     AutoModelForMaskedLM,
+    AutoTokenizer,
     DataCollatorForLanguageModeling,
-    HfArgumentParser,
     Trainer,
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
-from .modeling import OrchidForMaskedLM
-from .training import (
-    ADAM_BETAS,
-    ADAM_EPSILON,
-    MAX_GRAD_NORM,
-    OPTIMIZERS,
-    WARMUP_FRACTION,
-    HubUnavailableError,
-    bf16_available,
-    from_pretrained,
-    hub_offline,
-    is_local_path,
-    load_model_config,
-    load_tokenizer,
-    parse_overrides,
-    require_hub,
-    torch_weight_decay,
+from .hub import from_pretrained, require_hub  # noqa: E402
+from .metrics import load_metric  # noqa: E402
+from .recipes import Recipe, list_recipes  # noqa: E402
+from .training import (  # noqa: E402
+    ModelArguments,
+    OptimizerPlan,
+    ParsedArguments,
+    RecipeArguments,
+    RecipeTrainer,
+    build_model,
+    card_base_model,
+    check_push,
+    describe_schedule,
+    finish_run,
+    parse_recipe_arguments,
+    plan_for_model,
+    resolve_checkpoint,
+    resolve_optimizer,
+    resolve_stages,
+    save_metrics,
+    setup_logging,
     write_json,
 )
 
@@ -53,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 LOCAL_DATA_HINT = (
     "Offline, pass local files instead: --train_file corpus.txt [more files] (text, one document per line, or "
-    "json/jsonl/parquet/csv with a 'text' column; --text_column names another), optionally --validation_file, "
+    "json/jsonl/parquet/csv with a 'text' column; --text_column_name names another), optionally --validation_file, "
     "and --tokenizer_name pointing to a tokenizer folder (for example one saved by "
     "orchid_hf.tokenization.train_wordpiece_tokenizer(...).save_pretrained(folder))."
 )
@@ -65,53 +75,24 @@ FILE_BUILDERS = {
     ".parquet": "parquet",
     ".csv": "csv",
 }
-
-# The paper's recipe as TrainingArguments defaults; every one can still be given on the command line.
-PAPER_TRAINING_DEFAULTS = dict(
-    output_dir="outputs/pretrain_mlm",
-    learning_rate=8e-4,
-    adam_beta1=ADAM_BETAS[0],
-    adam_beta2=ADAM_BETAS[1],
-    adam_epsilon=ADAM_EPSILON,
-    weight_decay=1e-5,
-    lr_scheduler_type="linear",
-    warmup_steps=WARMUP_FRACTION,
-    max_grad_norm=MAX_GRAD_NORM,
-    max_steps=70_000,
-    per_device_train_batch_size=128,
-    per_device_eval_batch_size=128,
-    optim="adamw_torch",
-    eval_strategy="steps",
-    eval_steps=2000,
-    save_steps=2000,
-    save_total_limit=3,
-    logging_steps=100,
-    report_to="none",
-    # Every parameter takes part in every step; DDP need not search the graph for unused ones.
-    ddp_find_unused_parameters=False,
-)
+# A streamed validation set is cut to this many blocks unless --max_eval_samples says otherwise.
+STREAMED_EVAL_BLOCKS = 2048
 
 
 @dataclass
-class PretrainingArguments:
-    """What to train on and what to train; the optimizer and loop settings are TrainingArguments."""
+class MlmModelArguments(ModelArguments):
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer name or folder (default: the one saved with --model_name_or_path)."}
+    )
 
-    model_config: str = field(
-        default="orchid-bert-base",
-        metadata={"help": "Preset name (orchid-bert-base, orchid-bert-large), a config.json or a folder with one."},
-    )
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "Config fields to override, e.g. 'hidden_size=64,num_hidden_layers=2'."}
-    )
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Start from these weights (an Orchid MLM folder) instead of a new model."}
-    )
-    tokenizer_name: str = field(
-        default="bert-base-uncased", metadata={"help": "Hub name or local folder of the tokenizer."}
-    )
-    dataset_name: str | None = field(default="allenai/c4", metadata={"help": "Hub dataset (unused with --train_file)."})
-    dataset_config_name: str | None = field(default="en", metadata={"help": "Configuration of the Hub dataset."})
-    streaming: bool = field(default=True, metadata={"help": "Stream the Hub dataset instead of downloading it."})
+
+@dataclass
+class MlmDataArguments:
+    """What to train on."""
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset (not used with --train_file)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of the Hub dataset."})
+    streaming: bool = field(default=False, metadata={"help": "Stream the Hub dataset instead of downloading it."})
     train_file: list[str] | None = field(
         default=None, metadata={"help": "Local training files: .txt (one document per line), .json(l), .parquet, .csv."}
     )
@@ -119,42 +100,42 @@ class PretrainingArguments:
     validation_split_percentage: float = field(
         default=5.0, metadata={"help": "Share of the local documents held out when no --validation_file is given."}
     )
-    text_column: str = field(default="text", metadata={"help": "Column holding the text in json/parquet/csv files."})
+    text_column_name: str | None = field(
+        default=None, metadata={"help": "Column holding the text in json/parquet/csv data (default: text, else the "
+                                "first column)."}
+    )  # fmt: skip
     max_seq_length: int = field(default=128, metadata={"help": "Tokens per training block ([CLS] and [SEP] included)."})
-    mlm_probability: float = field(default=0.3, metadata={"help": "Share of the tokens that are masked."})
-    optimizer: str = field(
-        default="d-adamw",
-        metadata={
-            "help": "d-adamw: --weight_decay is the paper's decoupled value (Composer DecoupledAdamW) and is "
-            "converted for torch's AdamW; adamw: --weight_decay goes to torch's AdamW as it is.",
-            "choices": list(OPTIMIZERS),
-        },
-    )
+    mlm_probability: float = field(default=0.15, metadata={"help": "Share of the tokens that are masked."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training blocks."})
     max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Use at most this many validation blocks (2048 when streaming)."}
+        default=None, metadata={"help": f"Use at most this many validation blocks ({STREAMED_EVAL_BLOCKS} streamed)."}
     )
     eval_before_training: bool = field(
         default=False, metadata={"help": "Evaluate the model before the first step (reported with the prefix init_)."}
     )
     shuffle_buffer_size: int = field(default=10_000, metadata={"help": "Shuffle buffer of a streamed dataset."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Where datasets keeps its Arrow cache."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Tokenize again instead of using the cache."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
 
 
-def build_parser() -> HfArgumentParser:
-    parser = HfArgumentParser((PretrainingArguments, TrainingArguments))
-    parser.set_defaults(**PAPER_TRAINING_DEFAULTS, bf16=bf16_available())
-    return parser
+DATACLASSES = (MlmModelArguments, MlmDataArguments, RecipeArguments, TrainingArguments)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[PretrainingArguments, TrainingArguments]:
-    data_args, training_args = build_parser().parse_args_into_dataclasses(args=argv)
+def parse_args(argv: list[str] | None = None) -> ParsedArguments:
+    """The command line with the recipe's values as defaults, checked."""
+    parsed = parse_recipe_arguments(
+        DATACLASSES,
+        argv,
+        kind="mlm",
+        default_recipe="orchid-bert-base-mlm",
+        description=f"Masked-LM pretraining. Recipes: {', '.join(list_recipes('mlm'))}",
+    )
+    _, data_args, _, training_args = parsed
     check_arguments(data_args, training_args)
-    return data_args, training_args
+    return parsed
 
 
-def check_arguments(data_args: PretrainingArguments, training_args: TrainingArguments) -> None:
+def check_arguments(data_args: MlmDataArguments, training_args: TrainingArguments) -> None:
     if not 0.0 < data_args.mlm_probability < 1.0:
         raise ValueError(f"mlm_probability must be in (0, 1), got {data_args.mlm_probability}")
     if data_args.max_seq_length < 3:
@@ -163,8 +144,6 @@ def check_arguments(data_args: PretrainingArguments, training_args: TrainingArgu
         raise ValueError(
             f"validation_split_percentage must be in [0, 100), got {data_args.validation_split_percentage}"
         )
-    if data_args.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {data_args.optimizer!r}")
     if data_args.train_file is None and data_args.dataset_name is None:
         raise ValueError("pass --train_file (local files) or --dataset_name (a Hub dataset)")
     if data_args.train_file is None and data_args.streaming and training_args.max_steps <= 0:
@@ -191,8 +170,8 @@ def file_builder(files: list[str]) -> str:
     return builders.pop()
 
 
-def load_raw_datasets(args: PretrainingArguments, seed: int):
-    """(train, validation) datasets of documents with a ``text`` column: local files or the Hub (streamed)."""
+def load_raw_datasets(args: MlmDataArguments, seed: int, cache_dir: str | None = None, token: str | None = None):
+    """(train, validation) datasets of documents: local files or the Hub (streamed when --streaming)."""
     from datasets import load_dataset
 
     if args.train_file:
@@ -202,7 +181,7 @@ def load_raw_datasets(args: PretrainingArguments, seed: int):
             if file_builder(args.validation_file) != builder:
                 raise ValueError("validation_file must have the same type as train_file")
             files["validation"] = list(args.validation_file)
-        raw = load_dataset(builder, data_files=files, cache_dir=args.cache_dir)
+        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir)
         train = raw["train"]
         if "validation" in raw:
             validation = raw["validation"]
@@ -211,27 +190,25 @@ def load_raw_datasets(args: PretrainingArguments, seed: int):
             train, validation = split["train"], split["test"]
         else:
             validation = None
-        for name, dataset in (("train_file", train), ("validation_file", validation)):
-            if dataset is not None and args.text_column not in dataset.column_names:
-                raise ValueError(
-                    f"{name} has columns {dataset.column_names}, none of them is text_column={args.text_column!r}"
-                )
         return train, validation
 
     require_hub(args.dataset_name, what="dataset", how_to_local=LOCAL_DATA_HINT)
-    train = load_dataset(
-        args.dataset_name, args.dataset_config_name, split="train", streaming=args.streaming, cache_dir=args.cache_dir
-    )
-    validation = load_dataset(
-        args.dataset_name,
-        args.dataset_config_name,
-        split="validation",
-        streaming=args.streaming,
-        cache_dir=args.cache_dir,
-    )
+    load = dict(streaming=args.streaming, cache_dir=cache_dir, token=token)
+    train = load_dataset(args.dataset_name, args.dataset_config_name, split="train", **load)
+    validation = load_dataset(args.dataset_name, args.dataset_config_name, split="validation", **load)
     if args.streaming:
         train = train.shuffle(seed=seed, buffer_size=args.shuffle_buffer_size)
     return train, validation
+
+
+def text_column(dataset, name: str | None) -> str:
+    """``name``, or ``text``, or the first column (run_mlm's rule)."""
+    columns = list(dataset.features) if dataset.features is not None else ["text"]
+    if name is not None:
+        if name not in columns:
+            raise ValueError(f"the data has columns {columns}, none of them is --text_column_name {name!r}")
+        return name
+    return "text" if "text" in columns else columns[0]
 
 
 def block_packer(tokenizer, block_size: int, text_column: str):
@@ -258,7 +235,7 @@ def block_packer(tokenizer, block_size: int, text_column: str):
     return pack
 
 
-def pack_dataset(dataset, tokenizer, block_size: int, text_column: str, num_proc: int | None = None):
+def pack_dataset(dataset, tokenizer, block_size: int, text_column: str, data_args: MlmDataArguments | None = None):
     """Blocks of ``block_size`` tokens from a dataset of documents (map-style or streamed)."""
     from datasets import IterableDataset
 
@@ -267,7 +244,13 @@ def pack_dataset(dataset, tokenizer, block_size: int, text_column: str, num_proc
         columns = list(dataset.features) if dataset.features is not None else [text_column]
         return dataset.map(pack, batched=True, batch_size=1000, remove_columns=columns)
     return dataset.map(
-        pack, batched=True, batch_size=1000, remove_columns=dataset.column_names, num_proc=num_proc, desc="Packing"
+        pack,
+        batched=True,
+        batch_size=1000,
+        remove_columns=dataset.column_names,
+        num_proc=data_args.preprocessing_num_workers if data_args else None,
+        load_from_cache_file=not (data_args and data_args.overwrite_cache),
+        desc=f"Packing blocks of {block_size} tokens",
     )
 
 
@@ -291,18 +274,27 @@ class ReproducibleMLMCollator(DataCollatorForLanguageModeling):
 
 
 def preprocess_logits_for_metrics(logits, labels):
-    """Keep the arg-max only: the full (batch, length, vocab) logits of a whole eval set do not fit in memory."""
+    """Keep, per token, the arg-max and the cross-entropy of the label: the full (batch, length, vocab) logits of a
+    whole evaluation set do not fit in memory."""
     if isinstance(logits, tuple):
         logits = logits[0]
-    return logits.argmax(dim=-1)
+    losses = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    )
+    return logits.argmax(dim=-1), losses.view(labels.shape)
 
 
-def masked_token_accuracy(eval_prediction) -> dict:
-    """Share of the masked positions (label != -100) whose arg-max prediction is the original token."""
-    predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
-    scored = labels != -100
-    total = int(scored.sum())
-    return {"masked_accuracy": float((predictions[scored] == labels[scored]).sum() / total) if total else math.nan}
+def masked_lm_metrics():
+    """A Trainer ``compute_metrics``: masked-token accuracy and perplexity from the ``masked_lm`` metric module."""
+    metric = load_metric("masked_lm")
+
+    def compute(eval_prediction) -> dict:
+        predictions, losses = eval_prediction.predictions
+        labels = eval_prediction.label_ids
+        scored = labels != -100
+        return metric.compute(predictions=predictions[scored], references=labels[scored], losses=losses[scored])
+
+    return compute
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,23 +302,21 @@ def masked_token_accuracy(eval_prediction) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_model(args: PretrainingArguments, tokenizer):
-    if args.model_name_or_path:
-        model = from_pretrained(
-            AutoModelForMaskedLM, args.model_name_or_path, what="model", how_to_local=LOCAL_DATA_HINT
-        )
-    else:
-        overrides = parse_overrides(args.config_overrides)
-        overrides.setdefault("vocab_size", len(tokenizer))
-        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-        model = OrchidForMaskedLM(load_model_config(args.model_config, overrides))
+def build_mlm_model(model_args: MlmModelArguments, recipe: Recipe, data_args: MlmDataArguments, tokenizer):
+    model = build_model(
+        AutoModelForMaskedLM,
+        model_args,
+        recipe,
+        how_to_local=LOCAL_DATA_HINT,
+        new_model_defaults=dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id),
+    )
     config = model.config
     if len(tokenizer) > config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}")
-    if args.max_seq_length > config.max_position_embeddings:
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions is not None and data_args.max_seq_length > max_positions:
         raise ValueError(
-            f"max_seq_length={args.max_seq_length} exceeds the model's "
-            f"max_position_embeddings={config.max_position_embeddings}"
+            f"max_seq_length={data_args.max_seq_length} exceeds the model's max_position_embeddings={max_positions}"
         )
     return model
 
@@ -334,82 +324,82 @@ def build_model(args: PretrainingArguments, tokenizer):
 @dataclass
 class PretrainingRun:
     trainer: Trainer
-    data_args: PretrainingArguments
-    training_args: TrainingArguments
+    parsed: ParsedArguments
+    training_args: TrainingArguments  # with the recipe's resolved values
     tokenizer: object
-    push_to_hub: bool
-    hub_model_id: str | None
-    weight_decay: float  # as requested, before the conversion for torch's AdamW
+    plan: OptimizerPlan
+    results: dict = field(default_factory=dict)
 
 
-def build_trainer(data_args: PretrainingArguments, training_args: TrainingArguments, callbacks=None) -> PretrainingRun:
+def build_trainer(parsed: ParsedArguments, callbacks=None) -> PretrainingRun:
     """Tokenizer, packed datasets, model, collator and Trainer for one pretraining run."""
-    # Settings derived here go to a copy, so the caller's arguments can build another run unchanged.
+    model_args, data_args, recipe_args, training_args = parsed
+    # Settings derived here go to a copy, so the parsed arguments can build another run unchanged.
     training_args = copy.copy(training_args)
-    # The Trainer's own push would upload checkpoints with its generic card; we push once, at the end.
-    push, hub_model_id = training_args.push_to_hub, training_args.hub_model_id
-    training_args.push_to_hub = False
-    if push:
-        hub_model_id = hub_model_id or Path(training_args.output_dir).name
-        if hub_offline():
-            raise HubUnavailableError(
-                f"--push_to_hub {hub_model_id}: HF_HUB_OFFLINE is set, so the Hub cannot be reached; drop "
-                "--push_to_hub to train offline and push the output folder later with orchid_hf.hub.push_to_hub"
-            )
+    resolve_stages(training_args, parsed.explicit, default=("do_train", "do_eval"))
+    plan = resolve_optimizer(training_args, recipe_args, parsed.explicit)
+    check_push(training_args)
+    if recipe_args.threads:
+        torch.set_num_threads(recipe_args.threads)
 
-    tokenizer = load_tokenizer(data_args.tokenizer_name, how_to_local=LOCAL_DATA_HINT)
+    # The recipe's tokenizer is that of a new model; a checkpoint brings its own unless --tokenizer_name is given.
+    tokenizer_name = model_args.tokenizer_name
+    if model_args.model_name_or_path and "tokenizer_name" not in parsed.explicit:
+        tokenizer_name = model_args.model_name_or_path
+    if not tokenizer_name:
+        raise ValueError("a new model needs a tokenizer: pass --tokenizer_name (a folder or Hub id)")
+    tokenizer = from_pretrained(
+        AutoTokenizer, tokenizer_name, what="tokenizer", how_to_local=LOCAL_DATA_HINT,
+        cache_dir=model_args.cache_dir, token=model_args.token, trust_remote_code=model_args.trust_remote_code,
+    )  # fmt: skip
     if tokenizer.mask_token is None:
-        raise ValueError(f"tokenizer {data_args.tokenizer_name!r} has no mask token; masked-LM pretraining needs one")
-
-    decoupled_decay = training_args.weight_decay
-    # torch's AdamW with the value that reproduces the requested optimizer (see torch_weight_decay).
-    training_args.weight_decay = torch_weight_decay(
-        data_args.optimizer, decoupled_decay, training_args.learning_rate
-    )
-    logger.info(
-        "optimizer %s: weight decay %g at lr %g -> torch AdamW weight_decay=%g",
-        data_args.optimizer,
-        decoupled_decay,
-        training_args.learning_rate,
-        training_args.weight_decay,
-    )
+        raise ValueError(f"tokenizer {tokenizer_name!r} has no mask token; masked-LM pretraining needs one")
     training_args.remove_unused_columns = False
 
     set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading and packing the data"):
-        train_raw, validation_raw = load_raw_datasets(data_args, training_args.data_seed or training_args.seed)
-        num_proc = data_args.preprocessing_num_workers
-        train = pack_dataset(train_raw, tokenizer, data_args.max_seq_length, data_args.text_column, num_proc)
-        validation = (
-            pack_dataset(validation_raw, tokenizer, data_args.max_seq_length, data_args.text_column, num_proc)
-            if validation_raw is not None
-            else None
-        )
+        seed = training_args.data_seed or training_args.seed
+        train_raw, validation_raw = load_raw_datasets(data_args, seed, model_args.cache_dir, model_args.token)
+        column = text_column(train_raw, data_args.text_column_name)
+        train = pack_dataset(train_raw, tokenizer, data_args.max_seq_length, column, data_args)
+        validation = None
+        if validation_raw is not None:
+            validation = pack_dataset(validation_raw, tokenizer, data_args.max_seq_length, column, data_args)
     train, validation = _limit(train, validation, data_args)
+    if training_args.do_train and train is None:
+        raise ValueError("--do_train needs training data")
+    if training_args.do_eval and validation is None:
+        raise ValueError("--do_eval needs validation data: pass --validation_file or --validation_split_percentage")
 
-    model = build_model(data_args, tokenizer)
+    model = build_mlm_model(model_args, parsed.recipe, data_args, tokenizer)
+    plan = plan_for_model(plan, model)
     # Saved with the model: pipelines then truncate to what the model accepts.
-    tokenizer.model_max_length = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions:
+        tokenizer.model_max_length = min(tokenizer.model_max_length, max_positions)
     collator = ReproducibleMLMCollator(
         tokenizer=tokenizer, mlm_probability=data_args.mlm_probability, mask_seed=training_args.seed
     )
     if validation is None and training_args.eval_strategy != "no":
         training_args.eval_strategy = "no"
-    trainer = Trainer(
+    run = PretrainingRun(None, parsed, training_args, tokenizer, plan)
+    run.trainer = RecipeTrainer(
         model=model,
         args=training_args,
-        train_dataset=train,
+        train_dataset=train if training_args.do_train else None,
         eval_dataset=validation,
         data_collator=collator,
         processing_class=tokenizer,
-        compute_metrics=masked_token_accuracy,
+        compute_metrics=masked_lm_metrics(),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=callbacks,
+        optimizer_plan=plan,
+        card_writer=lambda: _write_card(run),
     )
-    return PretrainingRun(trainer, data_args, training_args, tokenizer, push, hub_model_id, decoupled_decay)
+    return run
 
 
-def _limit(train, validation, args: PretrainingArguments):
+def _limit(train, validation, args: MlmDataArguments):
     from datasets import Dataset, IterableDataset
 
     if isinstance(train, IterableDataset):
@@ -425,7 +415,7 @@ def _limit(train, validation, args: PretrainingArguments):
             train = train.select(range(min(args.max_train_samples, len(train))))
     if isinstance(validation, IterableDataset):
         # A fixed, finite validation set: the first blocks of the validation stream.
-        count = args.max_eval_samples or 2048
+        count = args.max_eval_samples or STREAMED_EVAL_BLOCKS
         validation = Dataset.from_list(list(islice(iter(validation), count)))
     elif validation is not None and args.max_eval_samples is not None:
         validation = validation.select(range(min(args.max_eval_samples, len(validation))))
@@ -434,95 +424,88 @@ def _limit(train, validation, args: PretrainingArguments):
     return train, validation
 
 
-def resolve_checkpoint(value: str | None, output_dir: str) -> str | None:
-    """``--resume_from_checkpoint last`` means the newest checkpoint in the output folder."""
-    if value in (None, "", "False", "false"):
-        return None
-    if value in ("last", "True", "true"):
-        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
-        if last is None:
-            raise ValueError(f"--resume_from_checkpoint {value}: no checkpoint-* folder in {output_dir}")
-        return last
-    if not Path(value).is_dir():
-        raise ValueError(f"--resume_from_checkpoint {value} is not a folder")
-    return value
-
-
 def main(argv: list[str] | None = None) -> dict:
-    """Pretrain; returns the metrics (``init`` when --eval_before_training, ``train``, ``eval``)."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    data_args, training_args = parse_args(argv)
-    run = build_trainer(data_args, training_args)
-    trainer = run.trainer
-    results: dict = {"world_size": training_args.world_size}
+    """Pretrain and evaluate as the command line says; returns the metrics (``init`` with
+    --eval_before_training, ``train``, ``eval``) as written to ``results.json``."""
+    parsed = parse_args(argv)
+    setup_logging(parsed.values[3])
+    run = build_trainer(parsed)
+    trainer, training_args, data_args = run.trainer, run.training_args, parsed.values[1]
+    results = run.results
+    results.update(
+        recipe=parsed.recipe.name,
+        model_type=trainer.model.config.model_type,
+        num_parameters=sum(p.numel() for p in trainer.model.parameters()),
+        optimizer=run.plan.describe(),
+        world_size=training_args.world_size,
+    )
     if data_args.eval_before_training and trainer.eval_dataset is not None:
         results["init"] = trainer.evaluate(metric_key_prefix="init")
-    checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-    train_output = trainer.train(resume_from_checkpoint=checkpoint)
-    results["train"] = train_output.metrics
-    if trainer.eval_dataset is not None:
+    if training_args.do_train:
+        checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
+        if hasattr(trainer.train_dataset, "__len__"):
+            metrics["train_samples"] = len(trainer.train_dataset)
+        trainer.save_model()
+        save_metrics(trainer, "train", metrics)
+        trainer.save_state()
+        results["train"] = metrics
+    if training_args.do_eval and trainer.eval_dataset is not None:
         # The last step may have just been evaluated; do not pay for the same evaluation twice.
         step = trainer.state.global_step
-        done = [entry for entry in trainer.state.log_history if "eval_loss" in entry and entry.get("step") == step]
-        results["eval"] = done[-1] if done else trainer.evaluate()
-    trainer.save_model()
+        done = [e for e in trainer.state.log_history if "eval_loss" in e and e.get("step") == step and step > 0]
+        metrics = dict(done[-1]) if done else trainer.evaluate()
+        metrics = {k: v for k, v in metrics.items() if k.startswith("eval_") or k == "epoch"}
+        metrics["eval_samples"] = len(trainer.eval_dataset)
+        save_metrics(trainer, "eval", metrics)
+        results["eval"] = metrics
     if trainer.is_world_process_zero():
-        trainer.save_state()
-        write_json(Path(training_args.output_dir) / "pretraining_results.json", results)
-        _write_card(run, results)
-        if run.push_to_hub:
-            from .hub import push_to_hub
-
-            push_to_hub(
-                training_args.output_dir,
-                run.hub_model_id,
-                private=bool(training_args.hub_private_repo),
-                token=training_args.hub_token,
-                commit_message="Orchid masked-LM pretraining",
-            )
+        write_json(Path(training_args.output_dir) / "results.json", results)
+    if training_args.do_train:
+        finish_run(trainer, "Masked-LM pretraining")
     return results
 
 
-def _write_card(run: PretrainingRun, results: dict) -> None:
+def _write_card(run: PretrainingRun) -> None:
     from .cards import write_model_card
 
-    data_args, args = run.data_args, run.training_args
-    datasets = [data_args.dataset_name] if not data_args.train_file else []
+    model_args, data_args, _, _ = run.parsed
+    args, results = run.training_args, run.results
+    dataset_name = data_args.dataset_name if not data_args.train_file else "local corpus"
     eval_results = []
-    if "eval" in results:
-        dataset_name = data_args.dataset_name if not data_args.train_file else "local corpus"
-        for metric, key in (("accuracy", "eval_masked_accuracy"), ("loss", "eval_loss")):
-            if key in results["eval"]:
-                eval_results.append(
-                    dict(
-                        task_type="fill-mask",
-                        dataset_type=dataset_name,
-                        dataset_name=dataset_name,
-                        dataset_config=data_args.dataset_config_name if not data_args.train_file else None,
-                        dataset_split="validation",
-                        metric_type=metric,
-                        metric_name="masked-token accuracy" if metric == "accuracy" else "MLM loss",
-                        metric_value=round(float(results["eval"][key]), 4),
-                    )
+    names = {"masked_accuracy": "masked-token accuracy", "perplexity": "perplexity", "loss": "MLM loss"}
+    for metric, name in names.items():
+        value = results.get("eval", {}).get(f"eval_{metric}")
+        if value is not None:
+            eval_results.append(
+                dict(
+                    task_type="fill-mask",
+                    dataset_type=dataset_name,
+                    dataset_name=dataset_name,
+                    dataset_config=data_args.dataset_config_name if not data_args.train_file else None,
+                    dataset_split="validation",
+                    metric_type="accuracy" if metric == "masked_accuracy" else metric,
+                    metric_name=name,
+                    metric_value=round(float(value), 4),
                 )
+            )
+    repo_id = args.hub_model_id if args.push_to_hub else None
     write_model_card(
         args.output_dir,
         task="fill-mask",
-        model_name=run.hub_model_id or Path(args.output_dir).name,
-        repo_id=run.hub_model_id,
-        datasets=datasets,
+        model_name=repo_id or Path(args.output_dir).name,
+        repo_id=repo_id,
+        datasets=[data_args.dataset_name] if not data_args.train_file else [],
         results=eval_results,
-        # The card's base_model must be a Hub id, not a local folder.
-        base_model=data_args.model_name_or_path if not is_local_path(data_args.model_name_or_path or ".") else None,
+        base_model=card_base_model(model_args.model_name_or_path),
         example_input=f'"the capital of france is {run.tokenizer.mask_token} ."',
         training={
+            "recipe": results.get("recipe"),
             "objective": f"masked language modelling, {data_args.mlm_probability:.0%} of the tokens masked",
             "sequence length": data_args.max_seq_length,
-            "optimizer": f"{data_args.optimizer}, betas ({args.adam_beta1}, {args.adam_beta2}), "
-            f"eps {args.adam_epsilon}",
-            "learning rate": f"{args.learning_rate} (linear warmup {args.warmup_steps}, then linear decay)",
-            "weight decay": f"{run.weight_decay} ({data_args.optimizer}; "
-            f"torch AdamW weight_decay={args.weight_decay:g})",
+            "optimizer": f"AdamW, betas ({args.adam_beta1}, {args.adam_beta2}), eps {args.adam_epsilon}",
+            "learning rate": describe_schedule(args),
+            **run.plan.describe(),
             "steps": args.max_steps if args.max_steps > 0 else f"{args.num_train_epochs} epochs",
             "batch size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
             "gradient clipping": args.max_grad_norm,
@@ -532,14 +515,16 @@ def _write_card(run: PretrainingRun, results: dict) -> None:
 
 
 __all__ = [
-    "PAPER_TRAINING_DEFAULTS",
-    "PretrainingArguments",
+    "DATACLASSES",
+    "MlmDataArguments",
+    "MlmModelArguments",
+    "PretrainingRun",
     "ReproducibleMLMCollator",
     "block_packer",
-    "build_parser",
     "build_trainer",
     "main",
-    "masked_token_accuracy",
+    "masked_lm_metrics",
     "pack_dataset",
     "parse_args",
+    "preprocess_logits_for_metrics",
 ]

@@ -100,7 +100,7 @@ def run_demo(
     mlm = pretraining.main(
         [
             "--train_file", str(paths["corpus_train"]), "--validation_file", str(paths["corpus_validation"]),
-            "--tokenizer_name", str(out / "tokenizer"), "--model_config", "orchid-bert-base",
+            "--tokenizer_name", str(out / "tokenizer"),
             "--config_overrides", f"{MODEL},max_position_embeddings={seq_length}",
             "--max_seq_length", str(seq_length), "--output_dir", str(mlm_dir),
             "--max_steps", str(pretrain_steps), "--per_device_train_batch_size", str(pretrain_batch_size),
@@ -113,7 +113,7 @@ def run_demo(
 
     log("4/6 fine-tuning on the sentiment task with the GLUE code path (task sst2, scripts/finetune_glue.py)")
     finetune = [
-        "--task", "sst2", "--data_dir", str(out / "data"), "--max_seq_length", str(seq_length),
+        "--task_name", "sst2", "--data_dir", str(out / "data"), "--max_seq_length", str(seq_length),
         "--learning_rate", str(finetune_lr), "--num_train_epochs", str(finetune_epochs), "--pooling", "mean",
         "--per_device_train_batch_size", "32", "--logging_steps", "100", *common,
     ]  # fmt: skip

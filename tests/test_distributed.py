@@ -60,7 +60,7 @@ def test_pretraining_under_torchrun(data):
         ],
         cwd=data,
     )  # fmt: skip
-    results = json.loads((out / "pretraining_results.json").read_text())
+    results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2
     # Each step consumed 2 processes x 4 blocks: the data was sharded, not duplicated.
     tokenizer = AutoTokenizer.from_pretrained(data / "tokenizer")
@@ -85,7 +85,7 @@ def test_glue_under_accelerate_launch(data):
         [
             str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "scripts/finetune_glue.py"), "--model_name_or_path", str(model), "--task", "sst2",
+            str(ROOT / "scripts/finetune_glue.py"), "--model_name_or_path", str(model), "--task_name", "sst2",
             "--data_dir", str(data / "data"), "--output_dir", str(out), "--max_seq_length", "32",
             "--max_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu", "--disable_tqdm", "True",
             "--cache_dir", str(data / "cache"),

@@ -17,10 +17,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipe
 
 from orchid_hf import OrchidConfig, OrchidForImageClassification, OrchidForSequenceClassification
 from orchid_hf.cards import usage_snippets, write_model_card
-from orchid_hf.hub import pull_from_hub, push_to_hub, upload_file_list
+from orchid_hf.hub import HubUnavailableError, pull_from_hub, push_to_hub, upload_file_list
 from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
-from orchid_hf.training import HubUnavailableError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

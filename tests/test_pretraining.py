@@ -1,13 +1,17 @@
-"""Masked-LM pretraining recipe: the paper's defaults, block packing, masking, the decoupled weight decay,
-offline failures, an end-to-end tiny run with a (mocked) push, and exact resumption from a checkpoint."""
+"""Masked-LM pretraining recipe: block packing, masking, offline failures, an end-to-end tiny run with a (mocked)
+push through Trainer's hub strategy, a BERT baseline through the same script, evaluation alone, exact resumption
+from a checkpoint, and the streamed C4 path."""
 
 import json
 import time
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, TrainerCallback
 
+from orchid_hf.hub import HubUnavailableError
 from orchid_hf.pretraining import (
     ReproducibleMLMCollator,
     block_packer,
@@ -18,7 +22,6 @@ from orchid_hf.pretraining import (
 )
 from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
-from orchid_hf.training import HubUnavailableError, load_model_config, parse_overrides, torch_weight_decay
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,36 +48,6 @@ def tiny_args(corpus, output_dir, *extra):
         "--learning_rate", "1e-3", "--logging_steps", "2", "--use_cpu", "--disable_tqdm", "True",
         "--cache_dir", str(output_dir.parent / "cache"), *extra,
     ]  # fmt: skip
-
-
-def test_paper_defaults():
-    data_args, args = parse_args(["--output_dir", "x"])
-    assert (data_args.dataset_name, data_args.dataset_config_name, data_args.streaming) == ("allenai/c4", "en", True)
-    assert data_args.tokenizer_name == "bert-base-uncased" and data_args.model_config == "orchid-bert-base"
-    assert (data_args.max_seq_length, data_args.mlm_probability, data_args.optimizer) == (128, 0.3, "d-adamw")
-    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-6)
-    assert (args.learning_rate, args.weight_decay, args.max_grad_norm) == (8e-4, 1e-5, 1.0)
-    assert args.warmup_steps == 0.06 and args.lr_scheduler_type == "linear" and args.max_steps == 70_000
-    assert args.optim == "adamw_torch" and args.bf16 == (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    with pytest.raises(ValueError, match=r"mlm_probability must be in \(0, 1\), got 1.5"):
-        parse_args(["--output_dir", "x", "--mlm_probability", "1.5"])
-    with pytest.raises(ValueError, match="set --max_steps > 0, got -1"):
-        parse_args(["--output_dir", "x", "--max_steps", "-1"])
-
-
-def test_config_from_preset_file_and_overrides(tmp_path):
-    assert parse_overrides("hidden_size=64, transform=fft,residual_long_conv=false") == {
-        "hidden_size": 64, "transform": "fft", "residual_long_conv": False,
-    }  # fmt: skip
-    with pytest.raises(ValueError, match="key=value"):
-        parse_overrides("hidden_size")
-    config = load_model_config("orchid-bert-large", {"num_hidden_layers": 2})
-    assert (config.hidden_size, config.num_hidden_layers) == (1536, 2)
-    config.save_pretrained(tmp_path)
-    again = load_model_config(str(tmp_path / "config.json"), {"hidden_size": 64, "intermediate_size": 128})
-    assert (again.hidden_size, again.num_hidden_layers, again.vocab_size) == (64, 2, 30522)
-    with pytest.raises(ValueError, match="neither a preset"):
-        load_model_config("orchid-bert-huge")
 
 
 def test_block_packing(corpus):
@@ -122,33 +95,6 @@ def test_masking_is_bert_masking_and_depends_only_on_the_batch(corpus):
     assert not torch.equal(other["labels"], batch["labels"])
 
 
-def test_decoupled_weight_decay_matches_composer_rule():
-    """torch AdamW with weight_decay / lr_peak applies Composer DecoupledAdamW's decay (lr_t / lr_peak) * wd."""
-    assert torch_weight_decay("d-adamw", 1e-5, 8e-4) == pytest.approx(0.0125)
-    assert torch_weight_decay("adamw", 0.01, 5e-5) == 0.01
-    with pytest.raises(ValueError, match="optimizer must be one of"):
-        torch_weight_decay("sgd", 0.0, 1.0)
-    lr, wd, betas, eps = 0.1, 0.3, (0.9, 0.98), 1e-6
-    weight = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
-    decay = torch_weight_decay("d-adamw", wd, lr)
-    optimizer = torch.optim.AdamW([weight], lr=lr, betas=betas, eps=eps, weight_decay=decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: [0.5, 1.0, 0.25, 0.0][step])
-    reference, m, v = weight.detach().clone(), torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64)
-    for step in range(3):
-        grad = torch.randn(5, dtype=torch.float64)
-        weight.grad = grad.clone()
-        lr_t = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        schedule.step()
-        # Composer DecoupledAdamW: p *= 1 - (lr_t / lr_peak) * wd, then the Adam update.
-        reference *= 1 - (lr_t / lr) * wd
-        m = betas[0] * m + (1 - betas[0]) * grad
-        v = betas[1] * v + (1 - betas[1]) * grad**2
-        m_hat, v_hat = m / (1 - betas[0] ** (step + 1)), v / (1 - betas[1] ** (step + 1))
-        reference -= lr_t * m_hat / (v_hat.sqrt() + eps)
-        assert torch.allclose(weight.detach(), reference, rtol=1e-12, atol=1e-12)
-
-
 def test_offline_hub_names_fail_fast(corpus, tmp_path):
     start = time.perf_counter()
     with pytest.raises(HubUnavailableError, match="--tokenizer_name pointing to a tokenizer folder"):
@@ -159,35 +105,52 @@ def test_offline_hub_names_fail_fast(corpus, tmp_path):
         main([*tiny_args(corpus, tmp_path), "--max_steps", "1", "--push_to_hub", "--hub_model_id", "me/model"])
     assert time.perf_counter() - start < 10
     assert not (tmp_path / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="pass --tokenizer_name"):
+        main(["--output_dir", str(tmp_path), "--tokenizer_name", "", "--train_file", str(corpus / "train.txt")])
 
 
-class FakeHfApi:
-    def __init__(self, token=None):
+class FakeHub:
+    """Stands in for transformers' HfApi: records the repository and the uploads Trainer makes."""
+
+    def __init__(self):
         self.calls = []
-        FakeHfApi.instance = self
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", repo_id, kwargs))
+        return SimpleNamespace(repo_id=repo_id)
 
     def upload_folder(self, **kwargs):
         self.calls.append(("upload_folder", kwargs))
-        return "https://hub.example/commit/1"
+        files = sorted(p.name for p in __import__("pathlib").Path(kwargs["folder_path"]).iterdir())
+        self.calls[-1][1]["files"] = files
+        done = Future()
+        done.set_result("https://hub.example/commit/1")
+        return done if kwargs.get("run_as_future") else "https://hub.example/commit/1"
 
 
 def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
-    # Pretend the Hub is reachable and let a fake HfApi receive the upload.
+    # Pretend the Hub is reachable and let a fake hub receive Trainer's uploads.
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-    monkeypatch.setattr("orchid_hf.hub.HfApi", FakeHfApi)
+    hub = FakeHub()
+    monkeypatch.setattr("transformers.trainer.hf_api", lambda: hub)
     out = tmp_path / "mlm"
     results = main(
         [*tiny_args(corpus, out), "--max_steps", "6", "--eval_steps", "3", "--save_steps", "3",
-         "--eval_before_training", "--push_to_hub", "--hub_model_id", "me/tiny-orchid"]
+         "--eval_before_training", "--push_to_hub", "--hub_model_id", "me/tiny-orchid", "--hub_strategy", "checkpoint"]
     )  # fmt: skip
-    assert results["world_size"] == 1
+    assert results["world_size"] == 1 and results["model_type"] == "orchid"
     assert 0.0 <= results["init"]["init_masked_accuracy"] <= 1.0
     assert 0.0 <= results["eval"]["eval_masked_accuracy"] <= 1.0
+    assert results["eval"]["eval_perplexity"] > 1.0 and results["eval"]["eval_masked_tokens"] > 0
     assert results["eval"]["eval_loss"] < results["init"]["init_loss"]
+    # The examples' result files, and the resolved optimizer of the paper's recipe.
+    all_results = json.loads((out / "all_results.json").read_text())
+    expected = {"train_loss", "train_samples", "eval_masked_accuracy", "eval_perplexity", "eval_samples"}
+    assert expected <= set(all_results)
+    optimizer = results["optimizer"]
+    assert optimizer["weight decay"] == "1e-05 decoupled (torch AdamW weight_decay=0.01)"
+    assert optimizer["implicit filters"] == "lr 0.001, weight decay 0.1 decoupled (torch AdamW weight_decay=100)"
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [e["step"] for e in history if "eval_masked_accuracy" in e] == [3, 6]
     assert (out / "checkpoint-3").is_dir() and (out / "checkpoint-6").is_dir()
@@ -198,13 +161,20 @@ def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
     card = (out / "README.md").read_text()
     assert "pipeline_tag: fill-mask" in card and "masked-token accuracy" in card and "me/tiny-orchid" in card
 
-    (create, repo_id, kwargs), (upload, upload_kwargs) = FakeHfApi.instance.calls
+    # Trainer pushes as --hub_strategy checkpoint says: at each save the folder and the last checkpoint; then
+    # save_model pushes ("Model save", as in the examples) and the run ends with the folder and our card.
+    (create, repo_id, kwargs), *uploads = hub.calls
     assert (create, repo_id, kwargs["exist_ok"]) == ("create_repo", "me/tiny-orchid", True)
-    assert upload_kwargs["repo_id"] == "me/tiny-orchid" and upload_kwargs["folder_path"] == str(out)
-    assert set(upload_kwargs["allow_patterns"]) == {
-        "README.md", "config.json", "model.safetensors", "configuration_orchid.py", "modeling_orchid.py",
-        "orchid_layers.py", "tokenizer.json", "tokenizer_config.json",
-    }  # fmt: skip
+    paths = [(call[1].get("path_in_repo"), call[1]["commit_message"]) for call in uploads]
+    assert paths == [
+        (None, "Training in progress, step 3"), ("last-checkpoint", "Training in progress, step 3, checkpoint"),
+        (None, "Training in progress, step 6"), ("last-checkpoint", "Training in progress, step 6, checkpoint"),
+        (None, "Model save"), (None, "Masked-LM pretraining"),
+    ]  # fmt: skip
+    final = uploads[-1][1]
+    assert final["repo_id"] == "me/tiny-orchid" and final["folder_path"] == str(out)
+    assert {"README.md", "model.safetensors", "modeling_orchid.py", "tokenizer.json"} <= set(final["files"])
+    assert "checkpoint-*" in final["ignore_patterns"]
 
 
 class StopAt(TrainerCallback):
@@ -220,13 +190,13 @@ class StopAt(TrainerCallback):
 
 def _train(corpus, output_dir, *, callbacks=None, resume=None):
     """Run the Trainer of the pretraining recipe; return the batches it trained on and the final weights."""
-    data_args, training_args = parse_args(
+    parsed = parse_args(
         tiny_args(
             corpus, output_dir, "--max_steps", "10", "--save_steps", "4", "--eval_strategy", "no",
             "--max_train_samples", "24",
         )  # fmt: skip
     )
-    trainer = build_trainer(data_args, training_args, callbacks=callbacks).trainer
+    trainer = build_trainer(parsed, callbacks=callbacks).trainer
     seen = []
     training_step = trainer.training_step
 
@@ -279,21 +249,57 @@ def test_hub_path_streams_c4(corpus, tmp_path, monkeypatch):
     local_load = datasets.load_dataset
     requests = []
 
-    def fake_hub(name, config=None, *, split, streaming, cache_dir=None):
+    def fake_hub(name, config=None, *, split, streaming, cache_dir=None, token=None):
         requests.append((name, config, split, streaming))
         path = corpus / ("train.txt" if split == "train" else "validation.txt")
         return local_load("text", data_files=str(path), split="train", streaming=True, cache_dir=str(tmp_path))
 
     monkeypatch.setattr(datasets, "load_dataset", fake_hub)
-    data_args, training_args = parse_args(
+    parsed = parse_args(
         [
             "--tokenizer_name", str(corpus / "tokenizer"), "--config_overrides", TINY, "--max_seq_length", "32",
             "--output_dir", str(tmp_path / "c4"), "--max_steps", "2", "--per_device_train_batch_size", "4",
             "--max_eval_samples", "5", "--use_cpu", "--disable_tqdm", "True",
         ]
     )  # fmt: skip
-    trainer = build_trainer(data_args, training_args).trainer
+    trainer = build_trainer(parsed).trainer
     assert requests == [("allenai/c4", "en", "train", True), ("allenai/c4", "en", "validation", True)]
     assert isinstance(trainer.train_dataset, datasets.IterableDataset)
     assert len(trainer.eval_dataset) == 5 and all(len(ids) == 32 for ids in trainer.eval_dataset["input_ids"])
     assert trainer.train().global_step == 2
+
+
+def test_bert_baseline_through_the_same_recipe_then_evaluation_alone(corpus, tmp_path):
+    """--model_type bert trains transformers' BERT with the same data, tokenizer and recipe; --do_eval alone then
+    evaluates a saved model without training it."""
+    out = tmp_path / "bert"
+    bert = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=32"
+    args = tiny_args(corpus, out, "--max_steps", "2", "--eval_strategy", "no", "--save_strategy", "no")
+    args[args.index("--config_overrides") + 1] = bert
+    results = main([*args, "--model_type", "bert"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "bert" and config["vocab_size"] == 300 and results["model_type"] == "bert"
+    assert "implicit filters" not in results["optimizer"]  # BERT has no filters for the recipe's group
+    assert 0.0 <= results["eval"]["eval_masked_accuracy"] <= 1.0
+
+    evaluated = main(["--model_name_or_path", str(out), "--do_eval", "--output_dir", str(tmp_path / "eval"),
+                      *tiny_args(corpus, tmp_path / "eval")[:4], "--max_seq_length", "32", "--use_cpu",
+                      "--cache_dir", str(tmp_path / "cache")])  # fmt: skip
+    assert "train" not in evaluated and evaluated["eval"]["eval_loss"] > 0
+    assert not (tmp_path / "eval" / "model.safetensors").exists()  # nothing trained, nothing saved
+    with pytest.raises(ValueError, match="--config_overrides can't be used in combination"):
+        main(["--model_name_or_path", str(out), "--config_overrides", "hidden_size=64", "--output_dir", "x"])
+
+
+def test_config_name_takes_a_preset_or_a_config_file(corpus, tmp_path):
+    from orchid_hf import OrchidConfig
+
+    config = OrchidConfig.from_preset("orchid-bert-base", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                                      max_position_embeddings=32, filter_width=16, vocab_size=300)  # fmt: skip
+    config.save_pretrained(tmp_path / "config")
+    args = tiny_args(corpus, tmp_path / "run", "--max_steps", "1", "--eval_strategy", "no", "--save_strategy", "no")
+    del args[args.index("--config_overrides") : args.index("--config_overrides") + 2]
+    run = build_trainer(parse_args([*args, "--config_name", str(tmp_path / "config" / "config.json")]))
+    assert run.trainer.model.config.hidden_size == 32 and run.trainer.model.config.model_type == "orchid"
+    with pytest.raises(HubUnavailableError, match="Orchid presets: orchid-bert-base"):
+        build_trainer(parse_args([*args, "--config_name", "orchid-bert-huge"]))

@@ -1,7 +1,10 @@
-"""Image classification recipe: augmentations, data loading and its errors, checkpoints, training, pipeline."""
+"""Image classification recipe: augmentations, data loading (folders, digits, IDX files) and its errors, checkpoints,
+training end to end with the examples' flags (Orchid and a ViT baseline on grey IDX images), pipelines."""
 
+import gzip
 import json
 import math
+import struct
 import sys
 import time
 from pathlib import Path
@@ -11,24 +14,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from transformers import pipeline
+from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
 
 from orchid_hf import OrchidConfig, OrchidForImageClassification
+from orchid_hf.training import ModelArguments, check_head_size
 from orchid_hf.vision import (
-    RECIPES,
     EvalTransform,
-    ImageTrainingConfig,
     MixupCutmix,
     RandAugment,
     RandomErasing,
     TrainTransform,
     build_image_processor,
     decode_image,
-    load_classifier_checkpoint,
-    load_image_dataset,
+    load_image_data,
     one_hot_smoothed,
     random_crop_flip,
     random_resized_crop_box,
+    read_idx,
     soft_target_cross_entropy,
 )
 
@@ -174,11 +176,17 @@ def test_train_transform_without_augmentation_equals_the_saved_processor():
     images = [Image.fromarray(rng.integers(0, 256, (20, 20), dtype=np.uint8), mode="L") for _ in range(3)]
     images.append(Image.fromarray(rng.integers(0, 256, (12, 30, 3), dtype=np.uint8)))
     processor = build_image_processor(16, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
-    recipe = RECIPES["orchid-vit-digits"].__class__(preset="orchid-vit-cifar-s")  # no augmentation at all
-    train = TrainTransform(processor, recipe)({"image": images, "label": [0, 1, 2, 3]})
+    train = TrainTransform(processor)({"image": images, "label": [0, 1, 2, 3]})  # no augmentation at all
     evaluation = EvalTransform(processor)({"image": images, "label": [0, 1, 2, 3]})
     for a, b in zip(train["pixel_values"], evaluation["pixel_values"]):
         assert a.shape == (3, 16, 16)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    # A grey model takes grey images: one channel, the same processing.
+    grey = build_image_processor(16, (0.5,), (0.2,), num_channels=1)
+    train = TrainTransform(grey, num_channels=1)({"image": images[:3], "label": [0, 1, 2]})
+    evaluation = EvalTransform(grey, num_channels=1)({"image": images[:3], "label": [0, 1, 2]})
+    for a, b in zip(train["pixel_values"], evaluation["pixel_values"]):
+        assert a.shape == (1, 16, 16)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
@@ -227,26 +235,28 @@ def write_image_folder(root: Path, classes=("red", "green", "blue"), per_class=8
 
 
 def test_digits_dataset_is_split_and_stratified():
-    train, evaluation, split = load_image_dataset("digits", eval_fraction=0.2)
-    assert len(train) + len(evaluation) == 1797 and len(evaluation) == 360 and "held out" in split
+    data = load_image_data("digits", train_val_split=0.2)
+    train, evaluation = data.train, data.evaluation
+    assert len(train) + len(evaluation) == 1797 and len(evaluation) == 360 and "held out" in data.eval_split
     counts = np.bincount(evaluation["label"], minlength=10)
     assert counts.min() >= 35
     image = decode_image(train[0]["image"])
     assert image.size == (8, 8) and image.mode == "RGB"
+    assert len(data.mean_std[0]) == 1  # grey statistics of the training images
 
 
 def test_empty_folder_is_a_clear_error(tmp_path):
     (tmp_path / "cats").mkdir()
     (tmp_path / "cats" / "notes.txt").write_text("no images here")
     with pytest.raises(ValueError, match=r"contains no images.*1 other files"):
-        load_image_dataset(str(tmp_path))
+        load_image_data(train_dir=str(tmp_path))
 
 
 def test_folder_without_class_subfolders_is_a_clear_error(tmp_path):
     for i in range(3):
         Image.new("RGB", (4, 4)).save(tmp_path / f"{i}.png")
     with pytest.raises(ValueError, match="no class subfolders"):
-        load_image_dataset(str(tmp_path), cache_dir=str(tmp_path / "cache"))
+        load_image_data(train_dir=str(tmp_path), cache_dir=str(tmp_path / "cache"))
 
 
 def test_unreadable_image_is_named(tmp_path):
@@ -254,7 +264,7 @@ def test_unreadable_image_is_named(tmp_path):
     bad = root / "red" / "broken.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n this is not a png")
     with pytest.raises(ValueError, match=r"1 of 7 images .* cannot be read: .*broken\.png"):
-        load_image_dataset(str(root), cache_dir=str(tmp_path / "cache"))
+        load_image_data(train_dir=str(root), cache_dir=str(tmp_path / "cache"))
     # Without the check up front, decoding names the file when the batch that holds it is built.
     with pytest.raises(ValueError, match=r"cannot read image .*broken\.png"):
         decode_image({"path": str(bad), "bytes": None})
@@ -262,8 +272,8 @@ def test_unreadable_image_is_named(tmp_path):
 
 def test_too_few_images_to_hold_out_every_class_is_a_clear_error(tmp_path):
     root = write_image_folder(tmp_path / "images", per_class=1)
-    with pytest.raises(ValueError, match=r"3 images cannot be split with eval_fraction=0.1 .* all 3 classes"):
-        load_image_dataset(str(root), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"3 images cannot be split with train_val_split=0.15 .* all 3 classes"):
+        load_image_data(train_dir=str(root), cache_dir=str(tmp_path / "cache"))
 
 
 def test_hub_dataset_offline_fails_fast_and_says_what_to_do(monkeypatch):
@@ -271,75 +281,105 @@ def test_hub_dataset_offline_fails_fast_and_says_what_to_do(monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     start = time.perf_counter()
-    with pytest.raises(ConnectionError, match=r"HF_HUB_OFFLINE.*--dataset /path/to/folder"):
-        load_image_dataset("cifar10")
+    with pytest.raises(ConnectionError, match=r"HF_HUB_OFFLINE.*--train_dir /path/to/folder"):
+        load_image_data("cifar10")
     assert time.perf_counter() - start < 5
 
 
-@pytest.mark.parametrize("name", ["no_such_dataset_here", "/no/such/folder", "./missing/images"])
-def test_unknown_dataset_or_missing_folder_is_a_clear_error(name):
-    with pytest.raises(ValueError, match="neither an existing folder nor a known dataset"):
-        load_image_dataset(name)
+@pytest.mark.parametrize("name", ["no_such_dataset_here", "./missing/images"])
+def test_unknown_dataset_is_a_clear_error(name, tmp_path):
+    with pytest.raises(ValueError, match="is not a known dataset"):
+        load_image_data(name)
+    with pytest.raises(ValueError, match="is a local path; pass folders as --train_dir"):
+        load_image_data(str(tmp_path))
+    with pytest.raises(ValueError, match="image folder /no/such/folder does not exist"):
+        load_image_data(train_dir="/no/such/folder")
 
 
-def test_checkpoint_with_other_label_count_needs_reinit_head(tmp_path):
+def write_idx(path: Path, array: np.ndarray, compress: bool) -> None:
+    """MNIST's IDX format: two zero bytes, type 0x08 (unsigned byte), the number of dimensions, the dimensions as
+    big-endian int32, then the bytes."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+def write_idx_folder(root: Path, train: int = 48, test: int = 24, size: int = 28) -> Path:
+    """Grey 28x28 images of three classes (a bright band in the left, middle or right third), gzip and plain."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for split, count in (("train", train), ("t10k", test)):
+        labels = np.arange(count) % 3
+        images = rng.integers(0, 40, (count, size, size))
+        for image, label in zip(images, labels):
+            image[:, label * size // 3 : (label + 1) * size // 3] += 200
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", images, compress=True)
+        write_idx(root / f"{split}-labels-idx1-ubyte", labels, compress=False)
+    return root
+
+
+def test_idx_files_are_read_gzipped_or_plain(tmp_path):
+    root = write_idx_folder(tmp_path / "idx", train=6, test=3)
+    images, labels = read_idx(root / "train-images-idx3-ubyte.gz"), read_idx(root / "train-labels-idx1-ubyte")
+    assert images.shape == (6, 28, 28) and images.dtype == np.uint8 and labels.tolist() == [0, 1, 2, 0, 1, 2]
+    assert images[0, :, :9].min() >= 200 and images[0, :, 10:].max() < 40
+    data = load_image_data(train_dir=str(root))
+    assert (len(data.train), len(data.evaluation), data.eval_split) == (6, 3, "test (t10k files)")
+    assert data.label_names == ["0", "1", "2"] and decode_image(data.train[0]["image"], "L").size == (28, 28)
+    named = load_image_data(train_dir=str(root), label_names=["left", "middle", "right"])
+    assert named.train.features["label"].names == ["left", "middle", "right"]
+    # Damaged or mismatched files say what is wrong, with the numbers.
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3]) + struct.pack(">3I", 2, 4, 4) + b"x")
+    with pytest.raises(ValueError, match=r"header gives shape \(2, 4, 4\) \(32 bytes of data\), but 1 bytes follow"):
+        read_idx(tmp_path / "bad" / "train-images-idx3-ubyte")
+    (tmp_path / "bad" / "not-idx").write_bytes(b"PK\x03\x04")
+    with pytest.raises(ValueError, match="is not an IDX file: it starts with bytes"):
+        read_idx(tmp_path / "bad" / "not-idx")
+    write_idx(tmp_path / "bad" / "train-images-idx3-ubyte", np.zeros((2, 4, 4)), compress=False)
+    write_idx(tmp_path / "bad" / "train-labels-idx1-ubyte", np.zeros(3), compress=False)
+    with pytest.raises(ValueError, match=r"holds \(3,\) labels for the 2 images"):
+        load_image_data(train_dir=str(tmp_path / "bad"))
+    with pytest.raises(ValueError, match="labels up to 2, but --class_names gives 2 names"):
+        load_image_data(train_dir=str(root), label_names=["a", "b"])
+
+
+def test_checkpoint_with_other_label_count_needs_ignore_mismatched_sizes(tmp_path):
     config = OrchidConfig.from_preset("orchid-vit-cifar-s", image_size=8, patch_size=2, hidden_size=32,
                                       num_hidden_layers=1, intermediate_size=32, num_labels=10)
     OrchidForImageClassification(config).save_pretrained(tmp_path / "ckpt")
     names = ["a", "b", "c", "d", "e"]
-    with pytest.raises(ValueError, match=r"classifies 10 labels, the dataset has 5 classes.*--reinit_head"):
-        load_classifier_checkpoint(str(tmp_path / "ckpt"), names)
-    with pytest.raises(ValueError, match="resumed run must keep its classifier"):
-        load_classifier_checkpoint(str(tmp_path / "ckpt"), names, reinit_head=True, resuming=True)
-    model = load_classifier_checkpoint(str(tmp_path / "ckpt"), names, reinit_head=True)
-    assert model.classifier.out_features == 5 and model.config.id2label[4] == "e"
-    same = load_classifier_checkpoint(str(tmp_path / "ckpt"), [str(i) for i in range(10)])
-    assert same.config.num_labels == 10
-    with pytest.raises(ValueError, match="has no config.json"):
-        load_classifier_checkpoint(str(tmp_path), names)
+    args = ModelArguments(model_name_or_path=str(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match=r"classifies 10 labels, the data has 5 classes \(a, b, c, d, e\); "
+                       "pass --ignore_mismatched_sizes"):  # fmt: skip
+        check_head_size(args, 5, names)
+    check_head_size(ModelArguments(model_name_or_path=str(tmp_path / "ckpt"), ignore_mismatched_sizes=True), 5)
+    check_head_size(args, 10)
 
 
 # ---------------------------------------------------------------------------------------------
-# Recipes and training
+# Training end to end
 # ---------------------------------------------------------------------------------------------
-
-
-def test_recipes_follow_the_paper():
-    cifar, imagenet = RECIPES["orchid-vit-cifar-s"], RECIPES["orchid-vit-imagenet"]
-    assert (cifar.learning_rate, cifar.warmup_steps, cifar.lr_scheduler) == (3e-4, 500, "constant_with_warmup")
-    assert (cifar.batch_size, cifar.epochs, cifar.weight_decay, cifar.label_smoothing) == (512, 500, 0.05, 0.1)
-    assert cifar.crop_padding == 4 and cifar.hflip and cifar.mixup_alpha == 0
-    assert (imagenet.learning_rate, imagenet.warmup_epochs, imagenet.lr_scheduler) == (1e-3, 10, "cosine")
-    assert (imagenet.batch_size, imagenet.epochs, imagenet.weight_decay) == (1024, 300, 0.05)
-    assert imagenet.randaugment == (2, 9.0, 0.5) and (imagenet.mixup_alpha, imagenet.cutmix_alpha) == (0.8, 1.0)
-    assert imagenet.random_erasing == 0.25 and imagenet.label_smoothing == 0.1
-    recipe = ImageTrainingConfig(dataset="cifar10", patch_size=2, learning_rate=1e-3, randaugment="none").recipe()
-    assert recipe.preset == "orchid-vit-cifar-s" and recipe.model_overrides == {"patch_size": 2}
-    assert recipe.learning_rate == 1e-3 and recipe.randaugment is None and recipe.warmup_steps == 500
-    assert ImageTrainingConfig().recipe_name() == "orchid-vit-digits"
-    assert ImageTrainingConfig(preset="orchid-vit-imagenet").dataset_name() == "imagenet-1k"
-    assert ImageTrainingConfig(dataset="/data/pets").recipe_name() == "orchid-vit-cifar-s"
-    with pytest.raises(ValueError, match="cannot change the architecture"):
-        ImageTrainingConfig(init_from="somewhere", patch_size=2).recipe()
-    with pytest.raises(ValueError, match="unknown preset"):
-        ImageTrainingConfig(preset="orchid-vit-huge").recipe()
 
 
 def test_digits_training_learns_and_the_output_folder_works_in_a_pipeline(tmp_path, one_thread):
     out = tmp_path / "digits"
     args = [
-        "--output_dir", str(out), "--patch_size", "2", "--num_hidden_layers", "2", "--epochs", "2",
-        "--batch_size", "16", "--learning_rate", "2e-3", "--warmup_steps", "10", "--crop_padding", "0",
-        "--save_strategy", "no",
-        "--eval_each_epoch", "False", "--disable_tqdm", "True", "--seed", "0",
-    ]
+        "--output_dir", str(out), "--config_overrides", "patch_size=2,num_hidden_layers=2", "--num_train_epochs", "2",
+        "--per_device_train_batch_size", "16", "--learning_rate", "2e-3", "--warmup_steps", "10",
+        "--crop_padding", "0", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "True",
+        "--seed", "0",
+    ]  # fmt: skip
     results = train_image.main(args)
+    assert results["recipe"] == "orchid-vit-digits" and results["dataset"] == "digits"
     assert results["accuracy"] > 0.5, results["accuracy"]  # chance is 0.1
     saved = json.loads((out / "results.json").read_text())
     assert saved["accuracy"] == results["accuracy"] and len(saved["epoch_stats"]) == 2
     assert sum(map(sum, saved["confusion_matrix"])) == 360
+    assert json.loads((out / "all_results.json").read_text())["eval_accuracy"] == results["accuracy"]
     assert (out / "confusion_matrix.png").stat().st_size > 1000
     assert (out / "preprocessor_config.json").is_file() and (out / "model.safetensors").is_file()
+    assert "pipeline_tag: image-classification" in (out / "README.md").read_text()
 
     classifier = pipeline("image-classification", model=str(out), device="cpu")
     from sklearn.datasets import load_digits
@@ -355,11 +395,12 @@ def test_image_folder_training_writes_a_loadable_model_and_resumes(tmp_path, one
     root = write_image_folder(tmp_path / "colours")
     out = tmp_path / "run"
     common = [
-        "--dataset", str(root), "--preset", "orchid-vit-cifar-s", "--batch_size", "8", "--eval_fraction", "0.25",
+        "--train_dir", str(root), "--per_device_train_batch_size", "8", "--train_val_split", "0.25",
         "--cache_dir", str(tmp_path / "cache"), "--disable_tqdm", "True",
-    ]
-    tiny = ["--image_size", "8", "--patch_size", "4", "--hidden_size", "32", "--num_hidden_layers", "1"]
-    results = train_image.main([*common, *tiny, "--epochs", "1", "--output_dir", str(out)])
+    ]  # fmt: skip
+    tiny = ["--config_overrides", "image_size=8,patch_size=4,hidden_size=32,num_hidden_layers=1"]
+    results = train_image.main([*common, *tiny, "--num_train_epochs", "1", "--output_dir", str(out)])
+    assert results["recipe"] == "orchid-vit-cifar-s"  # a folder gets the CIFAR recipe
     assert results["num_eval"] == 6 and results["num_train"] == 18 and math.isfinite(results["eval_loss"])
     assert results["steps"] == 3 and (out / "checkpoint-3").is_dir()
     model = OrchidForImageClassification.from_pretrained(out)
@@ -368,28 +409,106 @@ def test_image_folder_training_writes_a_loadable_model_and_resumes(tmp_path, one
     assert {p["label"] for p in prediction} <= {"blue", "green", "red"}
 
     resumed = train_image.main(
-        [*common, "--epochs", "2", "--resume_from", str(out / "checkpoint-3"), "--output_dir", str(tmp_path / "r")]
-    )
+        [*common, *tiny, "--num_train_epochs", "2", "--resume_from_checkpoint", str(out / "checkpoint-3"),
+         "--output_dir", str(tmp_path / "r")]
+    )  # fmt: skip
     assert resumed["steps"] == 6 and len(resumed["epoch_stats"]) == 1  # only the second epoch ran
 
     # A new run that starts from this 3-class model on a 2-class folder must say so.
     two = write_image_folder(tmp_path / "two", classes=("red", "blue"), per_class=4)
-    with pytest.raises(ValueError, match="classifies 3 labels, the dataset has 2 classes"):
+    with pytest.raises(ValueError, match="classifies 3 labels, the data has 2 classes"):
         train_image.main(
-            ["--dataset", str(two), "--init_from", str(out), "--cache_dir", str(tmp_path / "cache"),
+            ["--train_dir", str(two), "--model_name_or_path", str(out), "--cache_dir", str(tmp_path / "cache"),
              "--output_dir", str(tmp_path / "run2")]
-        )
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="a resumed run must keep its classifier"):
+        train_image.main(
+            ["--train_dir", str(two), *tiny, "--resume_from_checkpoint", str(out / "checkpoint-3"),
+             "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run3")]
+        )  # fmt: skip
+    # From the checkpoint with a new head, as run_image_classification fine-tunes.
+    fine_tuned = train_image.main(
+        ["--train_dir", str(two), "--model_name_or_path", str(out), "--ignore_mismatched_sizes", "--max_steps", "1",
+         "--per_device_train_batch_size", "4", "--cache_dir", str(tmp_path / "cache"), "--output_dir",
+         str(tmp_path / "run4"), "--disable_tqdm", "True", "--save_strategy", "no"]
+    )  # fmt: skip
+    assert fine_tuned["steps"] == 1 and fine_tuned["base_model"] is None
+
+
+def test_push_goes_through_trainer_with_the_card_and_the_processor(tmp_path, one_thread, monkeypatch):
+    from tests.test_pretraining import FakeHub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    hub = FakeHub()
+    monkeypatch.setattr("transformers.trainer.hf_api", lambda: hub)
+    root = write_image_folder(tmp_path / "colours", per_class=4)
+    out = tmp_path / "run"
+    train_image.main([
+        "--train_dir", str(root), "--config_overrides", "image_size=8,patch_size=4,hidden_size=32,num_hidden_layers=1",
+        "--max_steps", "1", "--per_device_train_batch_size", "4", "--train_val_split", "0.25", "--save_strategy", "no",
+        "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(out), "--disable_tqdm", "True",
+        "--push_to_hub", "--hub_model_id", "me/orchid-colours", "--hub_strategy", "end",
+    ])  # fmt: skip
+    (create, repo_id, _), *uploads = hub.calls
+    assert (create, repo_id) == ("create_repo", "me/orchid-colours")
+    assert [call[1]["commit_message"] for call in uploads] == ["Model save", "Image classification"]
+    pushed = set(uploads[-1][1]["files"])
+    assert {"README.md", "preprocessor_config.json", "model.safetensors", "modeling_orchid.py"} <= pushed
+    assert "all_results.json" in pushed and "checkpoint-*" in uploads[-1][1]["ignore_patterns"]
+    card = (out / "README.md").read_text()
+    assert "me/orchid-colours" in card and "model-index" in card  # the final card carries the accuracy
 
 
 def test_imagenet_recipe_trains_with_all_its_augmentations(tmp_path, one_thread):
     """RandomResizedCrop, RandAugment, random erasing and Mixup/CutMix in a real Trainer run (two steps)."""
     root = write_image_folder(tmp_path / "colours", size=24)
     results = train_image.main([
-        "--dataset", str(root), "--preset", "orchid-vit-imagenet", "--image_size", "16", "--patch_size", "4",
-        "--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "6", "--max_steps", "2",
-        "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "run"), "--save_strategy", "no",
-        "--eval_each_epoch", "False", "--disable_tqdm", "True",
-    ])
+        "--train_dir", str(root), "--recipe", "orchid-vit-imagenet",
+        "--config_overrides", "image_size=16,patch_size=4,hidden_size=32,num_hidden_layers=1",
+        "--per_device_train_batch_size", "6", "--max_steps", "2", "--cache_dir", str(tmp_path / "cache"),
+        "--output_dir", str(tmp_path / "run"), "--save_strategy", "no", "--eval_strategy", "no",
+        "--disable_tqdm", "True",
+    ])  # fmt: skip
     assert results["steps"] == 2 and math.isfinite(results["eval_loss"])
-    recipe = results["recipe"]
-    assert recipe["randaugment"] == (2, 9.0, 0.5) and recipe["mixup_alpha"] == 0.8 and recipe["random_erasing"] == 0.25
+    augmentation = results["hyperparameters"]["augmentation"]
+    assert augmentation["randaugment"] == "2,9,0.5" and augmentation["mixup_alpha"] == 0.8
+    assert augmentation["random_erasing"] == 0.25 and augmentation["resample"] == "bicubic"
+
+
+def test_grey_idx_images_with_orchid_and_a_vit_baseline(tmp_path, one_thread):
+    """Fashion-MNIST's layout: IDX files of grey 28x28 images, an Orchid-ViT with one input channel, and
+    transformers' ViT trained by the same recipe on the same data; both saved folders classify grey images."""
+    root = write_idx_folder(tmp_path / "idx")
+    common = [
+        "--train_dir", str(root), "--recipe", "orchid-vit-digits", "--num_train_epochs", "3",
+        "--per_device_train_batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "0",
+        "--save_strategy", "no", "--disable_tqdm", "True", "--class_names", "left", "middle", "right",
+    ]  # fmt: skip
+    orchid = train_image.main([
+        *common, "--config_overrides", "num_channels=1,image_size=28,patch_size=4,hidden_size=32,num_hidden_layers=1",
+        "--output_dir", str(tmp_path / "orchid"),
+    ])  # fmt: skip
+    vit = train_image.main([
+        *common, "--model_type", "vit", "--output_dir", str(tmp_path / "vit"), "--config_overrides",
+        "num_channels=1,image_size=28,patch_size=4,hidden_size=32,num_hidden_layers=1,num_attention_heads=2,"
+        "intermediate_size=64",
+    ])  # fmt: skip
+    for results, model_type in ((orchid, "orchid"), (vit, "vit")):
+        assert results["model"]["model_type"] == model_type and results["model"]["num_channels"] == 1
+        assert (results["num_train"], results["num_eval"], results["eval_split"]) == (48, 24, "test (t10k files)")
+        assert results["accuracy"] > 0.5, (model_type, results["accuracy"])  # chance is 1/3; the bands are easy
+        processor = json.loads((tmp_path / model_type / "preprocessor_config.json").read_text())
+        assert processor["do_convert_rgb"] is False and len(processor["image_mean"]) == 1
+        # The saved processor and model classify a grey image. (pipeline("image-classification") converts every
+        # image to RGB, so it serves three-channel models only.)
+        folder = str(tmp_path / model_type)
+        model = AutoModelForImageClassification.from_pretrained(folder).eval()
+        band = np.full((28, 28), 20, dtype=np.uint8)
+        band[:, 19:] = 230
+        inputs = AutoImageProcessor.from_pretrained(folder)(Image.fromarray(band, mode="L"), return_tensors="pt")
+        assert inputs["pixel_values"].shape == (1, 1, 28, 28)
+        with torch.no_grad():
+            label = model.config.id2label[int(model(**inputs).logits.argmax(-1))]
+        assert label in {"left", "middle", "right"}
+    assert "Orchid" not in (tmp_path / "vit" / "README.md").read_text()  # the baseline gets Trainer's card
