@@ -206,12 +206,13 @@ def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice 
 
 
 def select_gates(projected: torch.Tensor, channels: slice, d_model: int) -> torch.Tensor:
-    """The columns of ``projected`` (..., 3 d_model) that :func:`gate_channels` names, as three runs joined (several
-    times faster than gathering them by index)."""
+    """The columns of ``projected`` (..., 3 d_model) that :func:`gate_channels` names: the three runs joined by stacking
+    them on a new axis, which torch copies several times faster than gathering by index or concatenating along the last
+    axis."""
     if channels == ALL_CHANNELS:
         return projected
     runs = [projected[..., k * d_model + channels.start : k * d_model + channels.stop] for k in range(3)]
-    return torch.cat(runs, dim=-1)
+    return torch.stack(runs, dim=-2).flatten(-2)
 
 
 def channel_groups(channels: int, tokens: int) -> list[slice]:

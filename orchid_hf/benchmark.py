@@ -144,17 +144,19 @@ def build_operator(impl: str, hidden: int, heads: int, length: int, reference=No
     return AttentionBlock(hidden, heads, "math" if impl == "attention_math" else "default")
 
 
-def model_sizes(quick: bool) -> dict:
-    return dict(hidden_size=64, num_hidden_layers=2, intermediate_size=256, vocab_size=1000) if quick else {}
+def model_sizes(quick: bool, layers: int | None = None) -> dict:
+    """Overrides of orchid-bert-base's sizes: tiny with ``quick``, and ``layers`` deep if given."""
+    sizes = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=256, vocab_size=1000) if quick else {}
+    return sizes if layers is None else dict(sizes, num_hidden_layers=layers)
 
 
-def bert_config(quick: bool, length: int):
+def bert_config(quick: bool, length: int, layers: int | None = None):
     """transformers' BERT of orchid-bert-base's width and depth, with SDPA attention."""
     from transformers import BertConfig
 
     from orchid_hf import OrchidConfig
 
-    orchid = OrchidConfig.from_preset("orchid-bert-base", **model_sizes(quick))
+    orchid = OrchidConfig.from_preset("orchid-bert-base", **model_sizes(quick, layers))
     return BertConfig(
         vocab_size=orchid.vocab_size,
         hidden_size=orchid.hidden_size,
@@ -166,16 +168,18 @@ def bert_config(quick: bool, length: int):
     )
 
 
-def build_model(impl: str, quick: bool, length: int, reference=None) -> nn.Module:
-    """A base model of orchid-bert-base's size (``quick``: tiny) with ``max_position_embeddings = length``."""
+def build_model(impl: str, quick: bool, length: int, reference=None, layers: int | None = None) -> nn.Module:
+    """A base model of orchid-bert-base's size (``quick``: tiny; ``layers`` deep if given) with
+    ``max_position_embeddings = length``."""
     if impl == "bert":
         from transformers import BertModel
 
-        return BertModel(bert_config(quick, length), add_pooling_layer=False)
+        return BertModel(bert_config(quick, length, layers), add_pooling_layer=False)
     package = reference
     if impl != "orchid_reference":
         import orchid_hf as package
-    config = package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **model_sizes(quick))
+    sizes = model_sizes(quick, layers)
+    config = package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **sizes)
     model = package.OrchidModel(config)
     if impl == "orchid_optimized":
         from orchid_hf import optimize_for_inference
@@ -283,7 +287,7 @@ class WorkerState:
         self.step = None
         torch.manual_seed(0)
         if spec["part"] == "model":
-            module = build_model(spec["impl"], spec["quick"], spec["length"], self.reference)
+            module = build_model(spec["impl"], spec["quick"], spec["length"], self.reference, spec.get("layers"))
             module = module.to(self.device, self.dtype)
             inputs = torch.randint(1, module.config.vocab_size, (spec["batch"], spec["length"]), device=self.device)
         else:
@@ -613,7 +617,7 @@ def run_model_part(cfg: dict, workers: Workers, log: Callable[[str], None],
         impls = candidates(cfg, "model", mode)
         for batch, length in cfg["model_shapes"]:
             load_before = load_average()
-            spec = dict(part="model", mode=mode, length=length, batch=batch, quick=cfg["quick"])
+            spec = dict(part="model", mode=mode, length=length, batch=batch, quick=cfg["quick"], layers=cfg["layers"])
             measured = measure_point(workers, impls, spec, cfg)
             load_after = load_average()
             for impl in impls:
@@ -768,7 +772,8 @@ def markdown_report(result: dict) -> str:
         orchids = [impl for impl in impls if impl != "bert"]
         header = ["(B, L)"] + [f"{IMPL_LABELS[i]} ms" for i in impls] + [f"{IMPL_LABELS[i]} speed-up" for i in orchids]
         header += [f"{IMPL_LABELS[i]} MiB" for i in impls] + ["load"]
-        lines += [f"## Model, {mode.replace('_', ' + ')}, {cfg['dtype']}: orchid-bert-base vs BertModel (SDPA)", "",
+        lines += [f"## Model, {mode.replace('_', ' + ')}, {cfg['dtype']}, {cfg['layers']} layers: orchid-bert-base "
+                  "vs BertModel (SDPA)", "",
                   "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for batch, length in cfg["model_shapes"]:
             point = {r["impl"]: r for r in model if r["mode"] == mode and (r["batch"], r["length"]) == (batch, length)}
@@ -793,9 +798,9 @@ def markdown_report(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Runtime against length like Figure C.4 (forward; forward + backward) and peak memory."""
-    import matplotlib
+    from .extras import require_extra
 
-    matplotlib.use("Agg")
+    require_extra("matplotlib", "plot").use("Agg")
     import matplotlib.pyplot as plt
 
     cfg = result["config"]
@@ -918,7 +923,7 @@ def build_config(args: argparse.Namespace) -> dict:
     parts = parse_names(args.parts, "parts", PARTS)
     model_modes = parse_names(args.model_modes, "model_modes", MODES)
     check_device(args.device)
-    for field in ("repeats", "threads"):
+    for field in ("repeats", "threads", "layers"):
         value = getattr(args, field)
         if value is not None and value < 1:
             raise ValueError(f"{field} must be at least 1, got {value}")
@@ -942,6 +947,7 @@ def build_config(args: argparse.Namespace) -> dict:
         operator_impls=list(OPERATOR_IMPLS),
         model_impls=list(MODEL_IMPLS),
         model_shapes=shapes,
+        layers=args.layers if args.layers else (2 if quick else 12),
         profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
         repeats=args.repeats if args.repeats else (2 if quick else 7),
         min_repeats=2 if quick else 3,
@@ -1027,6 +1033,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-shapes", default=None, help="e.g. 8x128,1x4096 (default: the three targets)")
     parser.add_argument("--model-modes", default="forward",
                         help="comma-separated: forward, forward_backward (a training step without the optimizer)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="depth of both models of the model part (default: orchid-bert-base's 12; 2 with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per point (default 7)")
     parser.add_argument("--point-budget-s", type=float, default=60.0,
                         help="stop repeating a point after this many seconds (at least 3 rounds)")

@@ -476,9 +476,9 @@ def results_table(paths: list[str | Path]) -> str:
 
 def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
     """Test accuracy against training step for each run, one panel per (vocabulary, length)."""
-    import matplotlib
+    from .extras import require_extra
 
-    matplotlib.use("Agg")
+    require_extra("matplotlib", "plot").use("Agg")
     import matplotlib.pyplot as plt
 
     results = [json.loads(Path(p).read_text()) for p in paths]

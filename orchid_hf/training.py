@@ -32,8 +32,9 @@ from .recipes import EXCLUSIVE_DECAYS, Recipe, get_recipe  # noqa: E402
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_SUFFIXES = (".json", ".yaml", ".yml")
-# Parameters whose names contain these belong to an Orchid operator's implicit (static or residual) long filter.
-FILTER_PARAMETER_MARKERS = (".static_filter.", ".residual_filter.")
+# Parameters whose names contain these belong to the network of an Orchid operator's implicit (static or residual)
+# long filter: the layers to which M2-BERT gives an optimizer group of their own (not the filter's skip term D).
+FILTER_PARAMETER_MARKERS = (".static_filter.ffn.", ".residual_filter.ffn.")
 STAGES = ("do_train", "do_eval", "do_predict")
 
 

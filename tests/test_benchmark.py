@@ -66,7 +66,7 @@ def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path
     saved = json.loads((tmp_path / "benchmark_tiny.json").read_text())
     assert saved["finished"] and len(saved["records"]) == len(records)
     markdown = (tmp_path / "benchmark_tiny.md").read_text()
-    assert "## Operator, forward" in markdown and "## Model, forward, torch.float32" in markdown
+    assert "## Operator, forward" in markdown and "## Model, forward, torch.float32, 2 layers" in markdown
     assert "## Model, forward + backward" in markdown and "Orchid, reference version" in markdown
     assert (tmp_path / "benchmark_tiny.png").stat().st_size > 10_000
 

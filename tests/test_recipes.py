@@ -256,7 +256,8 @@ def _trainer(model, tmp_path, plan, **overrides):
 def test_filter_parameters_get_their_own_group(tmp_path):
     model = OrchidForMaskedLM(OrchidConfig(**TINY))
     filters = filter_parameter_names(model)
-    assert filters and all(".static_filter." in n or ".residual_filter." in n for n in filters)
+    assert filters and all(".static_filter.ffn." in n or ".residual_filter.ffn." in n for n in filters)
+    assert not any(n.endswith(".skip") for n in filters)  # the skip term D trains in the main group, as in M2
     plan = OptimizerPlan(0.0125, 1e-5, 1e-3, 100.0, 0.1)
     trainer = _trainer(model, tmp_path, plan)
     trainer.create_optimizer_and_scheduler(num_training_steps=10)
