@@ -205,16 +205,6 @@ def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice 
     return torch.cat([index, index + d_model, index + 2 * d_model])
 
 
-def select_gates(projected: torch.Tensor, channels: slice, d_model: int) -> torch.Tensor:
-    """The columns of ``projected`` (..., 3 d_model) that :func:`gate_channels` names: the three runs joined by stacking
-    them on a new axis, which torch copies several times faster than gathering by index or concatenating along the last
-    axis."""
-    if channels == ALL_CHANNELS:
-        return projected
-    runs = [projected[..., k * d_model + channels.start : k * d_model + channels.stop] for k in range(3)]
-    return torch.stack(runs, dim=-2).flatten(-2)
-
-
 def channel_groups(channels: int, tokens: int) -> list[slice]:
     """Consecutive ranges of ``channels`` whose (tokens, group) tensors hold about ``CHANNEL_GROUP_ELEMENTS`` numbers;
     all channels at once where that would make fewer than four groups, which would save little."""
@@ -458,10 +448,10 @@ class ImplicitFilter(nn.Module):
         self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
     ) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` for ``channels`` in ``dtype``: (length, channels) under the DCT,
-        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` for all channels, which the
-        operator computes once and decays and transforms a group of channels at a time."""
-        response = self.lag_response() if response is None else response
-        kernel = (response[:, channels] * self.envelope[:, channels].to(response.dtype)).to(dtype)
+        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` of these channels: the operator
+        computes it once for all channels, and decays and transforms it a group of channels at a time."""
+        response = self.lag_response()[:, channels] if response is None else response
+        kernel = (response * self.envelope[:, channels].to(response.dtype)).to(dtype)
         if self.listing1:
             multiplier = dct(kernel, dim=0)
         else:
@@ -751,24 +741,35 @@ class OrchidOperator(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             static = self.static_filter.lag_response()
             residual = None if self.residual_filter is None else self.residual_filter.lag_response()
-        # From here on every step acts on each channel alone (see channel_groups).
+        # From here on every step acts on each channel alone (see channel_groups). Each tensor is split into the
+        # groups at once, whose backward joins the groups' gradients in one pass (slices would each make one of the
+        # whole tensor's size).
+        groups = channel_groups(d, x.shape[0] * n)
+        sizes = [len(range(d)[channels]) for channels in groups]
+        pieces = {"x": x, "gates": projected.unflatten(-1, (3, d)), "static": static, "residual": residual}
+        if self.conditioning is not None:
+            pieces["source"] = source
+        pieces = {name: tensor.split(sizes, dim=-1) for name, tensor in pieces.items() if tensor is not None}
         outputs = []
-        for channels in channel_groups(d, x.shape[0] * n):
-            # s1, s2 and v of these channels: the short convolution on their columns of in_proj's output.
-            gates = select_gates(projected, channels, d)
-            s1, s2, v = self.short_conv(gates, wrap, gate_channels(channels, d, x.device)).chunk(3, dim=-1)
+        for index, channels in enumerate(groups):
+            group = {name: split[index] for name, split in pieces.items()}
+            # s1, s2 and v of these channels, through the short convolution.
+            gated = self.short_conv(group["gates"].flatten(-2), wrap, gate_channels(channels, d, x.device))
+            s1, s2, v = gated.chunk(3, dim=-1)
             with torch.autocast(device_type=x.device.type, enabled=False):
                 # The kernel h = h0 + h_theta in the transform domain (Remark 3.2).
-                kernel = self.static_filter.spectrum(compute_dtype, static, channels)
+                kernel = self.static_filter.spectrum(compute_dtype, group["static"], channels)
                 if self.conditioning is not None:
-                    source_channels = source[..., channels].to(compute_dtype)
-                    kernel = kernel + self.conditioning(source_channels, n, source_mask, channels)
+                    kernel = kernel + self.conditioning(group["source"].to(compute_dtype), n, source_mask, channels)
                 # y = s2 * (h * (s1 * v)), the chain of order 1.5 (Sec. 3.3).
                 u = masked((s1 * v).to(compute_dtype), mask)
-                y = long_convolution(u, kernel, self.transform, n) * s2
-                if residual is not None:
-                    multiplier = self.residual_filter.spectrum(compute_dtype, residual, channels)
-                    y = y + long_convolution(x[..., channels].to(compute_dtype), multiplier, self.transform, n)
+                y = long_convolution(u, kernel, self.transform, n)
+                if residual is None:
+                    y = y * s2
+                else:
+                    multiplier = self.residual_filter.spectrum(compute_dtype, group["residual"], channels)
+                    block_input = long_convolution(group["x"].to(compute_dtype), multiplier, self.transform, n)
+                    y = torch.addcmul(block_input, y, s2)
                 outputs.append(masked(y, mask).to(x.dtype))
         return self.out_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1))
 

@@ -332,6 +332,15 @@ def worker_main(settings: dict) -> None:
         print(WORKER_REPLY + json.dumps(reply), flush=True)
 
 
+class WorkerFailure(RuntimeError):
+    """A candidate's worker failed a request: an exception in it (``reason`` is its last line), or the process ended
+    (killed by the kernel when memory runs out, for one)."""
+
+    def __init__(self, impl: str, reason: str, details: str):
+        super().__init__(f"benchmark worker {impl} failed: {reason}\n{details}")
+        self.reason = reason
+
+
 class Worker:
     """A candidate's worker process, seen from the coordinator."""
 
@@ -357,11 +366,12 @@ class Worker:
             if line.startswith(WORKER_REPLY):
                 reply = json.loads(line[len(WORKER_REPLY) :])
                 if "error" in reply:
-                    raise RuntimeError(f"benchmark worker {self.impl} failed:\n{reply['error']}")
+                    raise WorkerFailure(self.impl, reply["error"].strip().splitlines()[-1], reply["error"])
                 return reply
         self.log.seek(0)
         code = self.process.wait()
-        raise RuntimeError(f"benchmark worker {self.impl} exited (code {code}):\n{self.log.read()[-4000:]}")
+        reason = "killed (signal 9: out of memory?)" if code == -9 else f"exited with code {code}"
+        raise WorkerFailure(self.impl, reason, self.log.read()[-4000:])
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -386,6 +396,12 @@ class Workers(dict):
         if impl not in self:
             self[impl] = Worker(impl, self.cfg)
         return self[impl]
+
+    def discard(self, impl: str) -> None:
+        """Stop a candidate's worker (after a failure): the next point starts a new one."""
+        worker = self.pop(impl, None)
+        if worker is not None:
+            worker.close()
 
     def close(self) -> None:
         for worker in self.values():
@@ -419,12 +435,18 @@ def interleaved_times(
 def measure_point(workers: Workers, impls: list[str], spec: dict, cfg: dict) -> dict:
     """Build every candidate at one point in its worker, run its warm-up call under the profiler (peak memory), then
     time all of them in interleaved rounds. A candidate whose warm-up took longer than ``max_call_s`` is timed by that
-    single call (``single_call``): at that scale one more call would cost minutes and first-call effects are small."""
+    single call (``single_call``): at that scale one more call would cost minutes and first-call effects are small.
+    A candidate that fails to build or to run its warm-up (out of memory, typically) is reported as ``failed``."""
     out, timed = {}, {}
     for impl in impls:
-        worker = workers.get_worker(impl)
-        worker.request("build", spec=dict(spec, impl=impl))
-        warmup = worker.request("profile")
+        try:
+            worker = workers.get_worker(impl)
+            worker.request("build", spec=dict(spec, impl=impl))
+            warmup = worker.request("profile")
+        except WorkerFailure as failure:
+            workers.discard(impl)
+            out[impl] = {"failed": failure.reason}
+            continue
         single = warmup["seconds"] > cfg["max_call_s"]
         out[impl] = {"peak_bytes": warmup["peak_bytes"], "warmup_s": warmup["seconds"], "single_call": single}
         if single:
@@ -441,7 +463,8 @@ def measure_point(workers: Workers, impls: list[str], spec: dict, cfg: dict) -> 
         if cfg["rss"]:
             out[impl]["rss_peak_bytes"] = worker.request("rss")["rss_peak_bytes"]
     for impl in impls:
-        workers[impl].request("release")  # the next point starts with this one's memory freed
+        if impl in workers:
+            workers[impl].request("release")  # the next point starts with this one's memory freed
     return out
 
 
@@ -524,8 +547,13 @@ def load_average() -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+def measured(records: list[dict]) -> list[dict]:
+    """The records with a measured time: neither extrapolated nor failed."""
+    return [r for r in records if not r.get("extrapolated") and not r.get("failed")]
+
+
 def _predicted_time(records: list[dict], impl: str, mode: str, length: int) -> float | None:
-    own = sorted((r for r in records if r["impl"] == impl and r["mode"] == mode and not r["extrapolated"]),
+    own = sorted((r for r in measured(records) if r["impl"] == impl and r["mode"] == mode),
                  key=lambda r: r["length"])[-3:]
     fit = fit_power_law([r["length"] for r in own], [r["time_s"] for r in own])
     return None if fit is None else math.exp(fit[1]) * length ** fit[0]
@@ -568,6 +596,11 @@ def run_operator_part(cfg: dict, workers: Workers, log: Callable[[str], None],
             load_after = load_average()
             for impl in active:
                 m = measured[impl]
+                if "failed" in m:
+                    stopped[impl] = m["failed"]
+                    records.append(failed_record("operator", impl, mode, batch, length, m["failed"], hidden=hidden))
+                    log(f"operator {mode:16s} L={length:6d} {impl:18s} failed: {m['failed']}")
+                    continue
                 median = statistics.median(m["times_s"])
                 records.append(
                     dict(part="operator", impl=impl, mode=mode, batch=batch, length=length, hidden=hidden,
@@ -586,11 +619,18 @@ def run_operator_part(cfg: dict, workers: Workers, log: Callable[[str], None],
     return records
 
 
+def failed_record(part: str, impl: str, mode: str, batch: int, length: int, reason: str, **fields) -> dict:
+    """The record of a candidate that failed at a point: no time, no memory, and why."""
+    return dict(part=part, impl=impl, mode=mode, batch=batch, length=length, time_s=None, times_s=[],
+                peak_bytes=None, later_peak_bytes=None, rss_peak_bytes=None, single_call=False, extrapolated=False,
+                failed=reason, **fields)
+
+
 def _extrapolate(records: list[dict], mode: str, lengths: list[int], stopped: dict[str, str]) -> list[dict]:
     """Predicted points for candidates that stopped early, from a power law through their last 3 points."""
     predicted = []
     for impl, reason in stopped.items():
-        own = sorted((r for r in records if r["impl"] == impl and r["mode"] == mode and not r["extrapolated"]),
+        own = sorted((r for r in measured(records) if r["impl"] == impl and r["mode"] == mode),
                      key=lambda r: r["length"])
         if len(own) < 2:
             continue
@@ -622,17 +662,20 @@ def run_model_part(cfg: dict, workers: Workers, log: Callable[[str], None],
             load_after = load_average()
             for impl in impls:
                 m = measured[impl]
+                if "failed" in m:
+                    records.append(failed_record("model", impl, mode, batch, length, m["failed"]))
+                    continue
                 records.append(
                     dict(part="model", impl=impl, mode=mode, batch=batch, length=length,
                          time_s=statistics.median(m["times_s"]), times_s=m["times_s"], peak_bytes=m["peak_bytes"],
                          later_peak_bytes=m.get("later_peak_bytes"), rss_peak_bytes=m.get("rss_peak_bytes"),
                          single_call=m["single_call"], extrapolated=False, load=[load_before, load_after])
                 )
-            times = {r["impl"]: r["time_s"] for r in records[-len(impls):]}
-            ratios = ", ".join(f"{impl} {1e3 * t:.1f} ms ({times['bert'] / t:.2f}x)" for impl, t in times.items()
-                               if impl != "bert")
-            log(f"model {mode} (B={batch}, L={length}): bert {1e3 * times['bert']:.1f} ms, {ratios}, "
-                f"load {load_before}->{load_after}")
+            point = records[-len(impls):]
+            log(f"model {mode} (B={batch}, L={length}): "
+                + ", ".join(f"{r['impl']} failed ({r['failed']})" if r.get("failed") else
+                            f"{r['impl']} {1e3 * r['time_s']:.1f} ms" for r in point)
+                + f", load {load_before}->{load_after}")
             save(records)
     return records
 
@@ -647,8 +690,8 @@ def summarize(records: list[dict], cfg: dict) -> dict:
     lo, hi = cfg["exponent_range"]
     for impl in dict.fromkeys(r["impl"] for r in records if r["part"] == "operator"):
         for mode in cfg["modes"]:
-            own = [r for r in records if r["part"] == "operator" and r["impl"] == impl and r["mode"] == mode
-                   and not r["extrapolated"] and lo <= r["length"] <= hi]
+            own = [r for r in measured(records) if r["part"] == "operator" and r["impl"] == impl
+                   and r["mode"] == mode and lo <= r["length"] <= hi]
             fit = fit_power_law([r["length"] for r in own], [r["time_s"] for r in own])
             if fit is not None:
                 summary["exponents"][f"{impl}/{mode}"] = {"exponent": round(fit[0], 3), "range": [lo, hi],
@@ -656,7 +699,7 @@ def summarize(records: list[dict], cfg: dict) -> dict:
     targets = summary["targets"]
     for mode in dict.fromkeys(r["mode"] for r in records if r["part"] == "model"):
         for batch, length in cfg["model_shapes"]:
-            point = {r["impl"]: r for r in records
+            point = {r["impl"]: r for r in measured(records)
                      if r["part"] == "model" and r["mode"] == mode and (r["batch"], r["length"]) == (batch, length)}
             if "bert" not in point:
                 continue
@@ -685,7 +728,8 @@ def summarize(records: list[dict], cfg: dict) -> dict:
     memory_length = cfg["memory_length"]
     for mode in cfg["modes"]:
         point = {r["impl"]: r for r in records
-                 if r["part"] == "operator" and r["mode"] == mode and r["length"] == memory_length}
+                 if r["part"] == "operator" and r["mode"] == mode and r["length"] == memory_length
+                 and not r.get("failed")}
         for impl in ORCHID_IMPLS:
             if impl not in point:
                 continue
@@ -746,10 +790,14 @@ def markdown_report(result: dict) -> str:
                     rec = next((r for r in operator if r["impl"] == impl and r["mode"] == mode
                                 and r["length"] == length), None)
                     mark = "*" if rec and rec["extrapolated"] else ""
-                    cells_t.append(_ms(rec["time_s"]) + mark if rec else "-")
+                    if rec and rec.get("failed"):
+                        cells_t.append("failed²")
+                    else:
+                        cells_t.append(_ms(rec["time_s"]) + mark if rec else "-")
                     cells_m.append(_mib(rec["peak_bytes"]) + mark if rec and rec["peak_bytes"] else "-")
                 lines.append("| " + " | ".join([str(length)] + cells_t + cells_m) + " |")
             lines.append("")
+            lines += failure_notes([r for r in operator if r["mode"] == mode])
         if summary["exponents"]:
             lines += ["## Time-versus-length exponents", "", "| candidate | mode | exponent | lengths | points |",
                       "|---|---|---|---|---|"]
@@ -780,20 +828,32 @@ def markdown_report(result: dict) -> str:
             if "bert" not in point:
                 continue
             target = TARGET_SPEEDUPS.get((batch, length)) if mode == "forward" else None
+            bert_time = point["bert"]["time_s"]
             cells = [f"({batch}, {length})"]
-            cells += [_ms(point[i]["time_s"]) + ("¹" if point[i].get("single_call") else "") for i in impls]
-            cells += [format_speedup(point["bert"]["time_s"] / point[i]["time_s"], target if i == "orchid" else None)
+            cells += ["failed²" if point[i].get("failed") else
+                      _ms(point[i]["time_s"]) + ("¹" if point[i].get("single_call") else "") for i in impls]
+            cells += ["-" if bert_time is None or point[i].get("failed") else
+                      format_speedup(bert_time / point[i]["time_s"], target if i == "orchid" else None)
                       for i in orchids]
             cells += [_mib(point[i]["peak_bytes"]) for i in impls]
-            cells.append(f"{point['bert']['load'][0]}-{point['bert']['load'][1]}")
+            load = next(r["load"] for r in point.values() if r.get("load"))
+            cells.append(f"{load[0]}-{load[1]}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += failure_notes([r for r in model if r["mode"] == mode])
         if any(r.get("single_call") for r in model if r["mode"] == mode):
             lines += ["¹ a single call (the profiled warm-up): at this size one call takes minutes.", ""]
     if summary["targets"]:
         lines += ["## Targets", ""] + [f"- {'met' if ok else 'NOT met'}: {name}"
                                        for name, ok in summary["targets"].items()] + [""]
     return "\n".join(lines)
+
+
+def failure_notes(records: list[dict]) -> list[str]:
+    """The footnote that says why the candidates marked ``failed²`` failed."""
+    failures = [f"{IMPL_LABELS[r['impl']]} at (B={r['batch']}, L={r['length']}): {r['failed']}"
+                for r in records if r.get("failed")]
+    return ["² failed: " + "; ".join(failures) + ".", ""] if failures else []
 
 
 def plot(result: dict, path: Path) -> None:
@@ -813,8 +873,8 @@ def plot(result: dict, path: Path) -> None:
     impls = list(dict.fromkeys(r["impl"] for r in operator))
     for ax, (mode, key, scale, ylabel) in zip(axes, panels):
         for impl in impls:
-            own = sorted((r for r in operator if r["impl"] == impl and r["mode"] == mode and r[key]),
-                         key=lambda r: r["length"])
+            own = sorted((r for r in operator if r["impl"] == impl and r["mode"] == mode and r[key]
+                          and not r.get("failed")), key=lambda r: r["length"])
             measured = [r for r in own if not r["extrapolated"]]
             predicted = [r for r in own if r["extrapolated"]]
             if measured:

@@ -81,19 +81,34 @@ def test_the_reference_is_another_package_built_through_its_own_public_classes(r
         benchmark.modeling_folder(reference_checkout.parent)
 
 
-def test_a_failing_worker_reports_its_traceback(tmp_path):
-    cfg = benchmark.build_config(benchmark.parse_args(["--quick"]))
+def test_a_failing_candidate_is_reported_and_the_others_are_measured():
+    cfg = benchmark.build_config(benchmark.parse_args(["--quick", "--repeats", "2"]))
     workers = benchmark.Workers(cfg)
     try:
         worker = workers.get_worker("orchid")
-        with pytest.raises(RuntimeError, match=r"benchmark worker orchid failed:(.|\n)*short_conv_size=3 is longer"):
-            worker.request("build", spec=dict(part="operator", impl="orchid", mode="forward", length=2, batch=1,
-                                              hidden=8, heads=2, quick=True))
-        worker.request("build", spec=dict(part="operator", impl="orchid", mode="forward", length=8, batch=1,
-                                          hidden=8, heads=2, quick=True))
-        assert worker.request("time")["seconds"] > 0  # the worker lives on after a failed request
+        spec = dict(part="operator", mode="forward", length=2, batch=1, hidden=8, heads=2, quick=True)
+        with pytest.raises(benchmark.WorkerFailure, match=r"short_conv_size=3 is longer") as failure:
+            worker.request("build", spec=dict(spec, impl="orchid"))
+        assert failure.value.reason.startswith("ValueError: OrchidOperator.short_conv_size=3")
+        # A length the operator refuses: Orchid fails at this point, attention is measured, Orchid runs at the next.
+        out = benchmark.measure_point(workers, ["orchid", "attention_sdpa"], spec, cfg)
+        assert out["orchid"] == {"failed": failure.value.reason}
+        assert len(out["attention_sdpa"]["times_s"]) == 2
+        out = benchmark.measure_point(workers, ["orchid"], dict(spec, length=8), cfg)
+        assert len(out["orchid"]["times_s"]) == 2
     finally:
         workers.close()
+    record = benchmark.failed_record("model", "bert", "forward", 1, 16384, "killed (signal 9: out of memory?)")
+    ok = dict(part="model", impl="orchid", mode="forward", batch=1, length=16384, time_s=1.0, times_s=[1.0],
+              peak_bytes=1, single_call=False, extrapolated=False, load=[1.0, 1.0])
+    cfg.update(model_shapes=[(1, 16384)], layers=12)
+    result = dict(config={**cfg, "dtype": "torch.float32"}, records=[ok, record], tag="", machine={"torch": "x"},
+                  started="", load=[1.0, 1.0], command="")
+    result["summary"] = benchmark.summarize(result["records"], cfg)
+    assert result["summary"]["model_speedups"] == {}  # no BERT time, no speed-up
+    markdown = benchmark.markdown_report(result)
+    assert "| (1, 16384) | 1,000.0 | failed² |" in markdown
+    assert "² failed: BertModel (SDPA) at (B=1, L=16384): killed (signal 9: out of memory?)." in markdown
 
 
 def test_interleaved_rounds_start_with_each_candidate_in_turn():
