@@ -214,7 +214,6 @@ def channel_groups(channels: int, tokens: int) -> list[slice]:
     return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
 
 
-
 def check_attention_mask(attention_mask: torch.Tensor, shape: tuple[int, int], name: str = "attention_mask"):
     """A ValueError unless ``attention_mask`` has ``shape`` and holds only 0 and 1 (bool, integer or float)."""
     if tuple(attention_mask.shape) != tuple(shape):
@@ -609,10 +608,6 @@ class OperatorSettings:
                 f"{owner}.conditioning_time_layers and conditioning_freq_layers are both 0; the conditioning network "
                 "needs at least one convolution (or set data_dependent=False)"
             )
-
-    def operator_settings(self) -> dict:
-        """The settings as keyword arguments of :class:`OrchidOperator`."""
-        return {field.name: getattr(self, field.name) for field in fields(OperatorSettings)}
 
 
 def is_integer(value) -> bool:
