@@ -383,9 +383,10 @@ class ImplicitFilter(nn.Module):
     ``D`` term, ``y += D * x``, whose multiplier is the constant D under both transforms.
 
     ``spectrum="listing1"`` reproduces the authors' code under the DCT instead: the kernel laid out on circular lags,
-    and ``dct(h0)`` as the multiplier. That is not the spectrum of a convolution with h0 (an impulse is scaled by
-    ``1 / sqrt(2N)``, and the taps at negative lags couple each position with its mirror image), but it is the
-    parameterisation the paper's results were obtained with.
+    and ``dct(h0)`` as the multiplier. That is not the spectrum of a convolution with h0 (an impulse multiplies
+    frequency k by ``sqrt(2/N) cos(pi k / 2N)``, ``1 / sqrt(N)`` in root mean square, and the taps at negative lags
+    couple each position with its mirror image), but it is the parameterisation the paper's results were obtained
+    with.
     """
 
     def __init__(

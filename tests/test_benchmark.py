@@ -109,6 +109,14 @@ def test_a_failing_candidate_is_reported_and_the_others_are_measured():
     markdown = benchmark.markdown_report(result)
     assert "| (1, 16384) | 1,000.0 | failed² |" in markdown
     assert "² failed: BertModel (SDPA) at (B=1, L=16384): killed (signal 9: out of memory?)." in markdown
+    # Where BERT has no time, the comparison with the reference version still counts.
+    training = [dict(r, mode="forward_backward") for r in (ok, record)]
+    training.append(dict(training[0], impl="orchid_reference", time_s=2.0, times_s=[2.0]))
+    summary = benchmark.summarize(training, cfg)
+    assert summary["targets"] == {"orchid forward_backward 1x16384 no slower than the reference": True}
+    assert summary["model_speedups"] == {
+        "forward_backward": {"1x16384": {"reference_ratio": {"orchid": 2.0, "orchid_reference": 1.0}}}
+    }
 
 
 def test_interleaved_rounds_start_with_each_candidate_in_turn():
