@@ -486,8 +486,9 @@ class ConditioningNetwork(nn.Module):
     ``"abs"``   (Type I, Eq. 2):  ``Conv1d_freq( |T(Conv1d_time(u))| )``
     ``"xcorr"`` (Type II, Eq. 4): ``Conv1d_freq( conj(T(Conv1d_k(u))) * sigma(T(Conv1d_q(u))) )``,
     with sigma applied to the magnitude and the phase kept. Removing the phase (Type I) or cancelling it in a
-    cross-correlation (Type II) makes the kernel invariant to circular shifts of u, hence the long convolution
-    shift-equivariant (Sec. 3.2, App. B). ``time_layers = 0`` or ``freq_layers = 0`` give the spectral-only and
+    cross-correlation (Type II) makes the kernel invariant to circular shifts of u under the FFT, hence the long
+    convolution shift-equivariant (Sec. 3.2, App. B); a DCT coefficient's magnitude depends on where the signal lies,
+    so under the DCT the kernel moves with u. ``time_layers = 0`` or ``freq_layers = 0`` give the spectral-only and
     spatial-only ablations of App. C.2.
     """
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from orchid_hf.modeling import orchid_layers
 from orchid_hf.modeling.orchid_layers import (
     CONDITIONING_ACTIVATIONS,
+    ConditioningNetwork,
     ImplicitFilter,
     dct,
     idct,
@@ -365,6 +366,23 @@ def test_shift_equivariance_test_detects_a_non_equivariant_operator():
     x = torch.randn(1, 24, 6, dtype=torch.float64)
     error = (op(torch.roll(x, 5, dims=1)) - torch.roll(op(x), 5, dims=1)).abs().max()
     assert error > 1e-3
+
+
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_the_dct_kernel_moves_with_its_input_even_away_from_the_boundaries(conditioning):
+    # docs/model.md: the data-dependent kernel is invariant to shifts under the FFT only. A DCT coefficient's magnitude
+    # depends on where the signal lies, not only at the boundaries: moving a signal that lies well inside the
+    # sequence changes the DCT-mode kernel by a large fraction.
+    n, channels, shift = 64, 4, 5
+    v = torch.zeros(1, n, channels, dtype=torch.float64)
+    v[:, 20:36] = torch.randn(1, 16, channels, dtype=torch.float64)
+    change = {}
+    for transform in ("dct", "fft"):
+        network = ConditioningNetwork(channels, transform, conditioning).double()
+        kernel, moved = network(v, n), network(v.roll(shift, dims=1), n)
+        change[transform] = ((moved - kernel).abs().norm() / kernel.abs().norm()).item()
+    assert change["fft"] < 1e-12
+    assert change["dct"] > 0.05
 
 
 # ---------------------------------------------------------------------------------------------
