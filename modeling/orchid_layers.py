@@ -382,11 +382,12 @@ class ImplicitFilter(nn.Module):
     signed and circular, under the DCT they are 0 .. N-1 of an even kernel (:func:`kernel_lags`). ``skip`` is Hyena's
     ``D`` term, ``y += D * x``, whose multiplier is the constant D under both transforms.
 
-    ``spectrum="listing1"`` reproduces the authors' code under the DCT instead: the kernel laid out on circular lags,
-    and ``dct(h0)`` as the multiplier. That is not the spectrum of a convolution with h0 (an impulse multiplies
-    frequency k by ``sqrt(2/N) cos(pi k / 2N)``, ``1 / sqrt(N)`` in root mean square, and the taps at negative lags
-    couple each position with its mirror image), but it is the parameterisation the paper's results were obtained
-    with.
+    ``spectrum="listing1"`` takes ``dct(h0)`` as the multiplier under the DCT instead, as the paper's Listing 1 and
+    the authors' code do, with the kernel laid out on signed circular lags (the authors' code lays it on lags
+    0 .. N-1, its decay falling along the kernel; docs/model.md). That is not the spectrum of a convolution with h0
+    (an impulse multiplies frequency k by ``sqrt(2/N) cos(pi k / 2N)``, ``1 / sqrt(N)`` in root mean square, and the
+    taps at negative lags couple each position with its mirror image), but it is the parameterisation the paper's
+    results were obtained with.
     """
 
     def __init__(
@@ -554,7 +555,7 @@ class OperatorSettings:
         in time and in frequency; conditioning_time_layers / conditioning_freq_layers their depth.
     filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay: the static implicit filter
         h0 = FFN(PosEmb(t)) (Remark 3.2).
-    filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as the authors' code does;
+    filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as Listing 1 does (on circular lags);
         ``"convolution"`` by the spectrum of a symmetric convolution with h0 (docs/model.md).
     residual_long_conv: add a second static long convolution of the block input (App. C.3).
     """
