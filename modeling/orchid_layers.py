@@ -701,13 +701,7 @@ class OrchidOperator(nn.Module):
         ``conditioning_input`` u (B, L_u, d), L_u <= max_len, makes the kernel h_theta(u) instead of h_theta(v)
         (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
         """
-        batch, _ = self._check_input("x", x, attention_mask)
-        if conditioning_input is not None:
-            if self.conditioning is None:
-                raise ValueError("conditioning_input needs the data-dependent kernel (data_dependent=True)")
-            conditioning_batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
-            if conditioning_batch != batch:
-                raise ValueError(f"conditioning_input has batch size {conditioning_batch}, x has {batch}")
+        self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
         order = front_packing_order(attention_mask)
         if order is not None:
             x, attention_mask = gather_rows(x, order), gather_rows(attention_mask, order)
@@ -783,6 +777,22 @@ class OrchidOperator(nn.Module):
         mask = None if conditioning_mask is None else conditioning_mask.bool().unsqueeze(-1)
         # The in_proj module is called whole, so that its hooks and adapters act here as well; v is its last third.
         return masked(self.in_proj(conditioning_input)[..., 2 * self.d_model :], mask), mask
+
+    def _check_inputs(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        conditioning_input: torch.Tensor | None,
+        conditioning_mask: torch.Tensor | None,
+    ) -> None:
+        """A ValueError unless the arguments of :meth:`forward` fit this operator and each other."""
+        batch, _ = self._check_input("x", x, attention_mask)
+        if conditioning_input is not None:
+            if self.conditioning is None:
+                raise ValueError("conditioning_input needs the data-dependent kernel (data_dependent=True)")
+            conditioning_batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
+            if conditioning_batch != batch:
+                raise ValueError(f"conditioning_input has batch size {conditioning_batch}, x has {batch}")
 
     def _check_input(self, name: str, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[int, int]:
         if x.dim() != 3:

@@ -39,10 +39,12 @@ from .modeling.modeling_orchid import (
     OrchidPreTrainedModel,
 )
 from .modeling.orchid_layers import (
+    ALL_CHANNELS,
     BlockDiagonalLinear,
     ConditioningNetwork,
     OrchidOperator,
     ShortConvolution,
+    channel_groups,
     forward_transform,
     front_packing_order,
     gather_rows,
@@ -53,12 +55,9 @@ from .modeling.orchid_layers import (
     uses_pocketfft,
 )
 
-# The operator mixes groups of channels of about this many elements per (B, N, group) tensor in turn (2 MiB in
-# float32), never fewer channels than the minimum, which keeps the GEMMs and vector loops wide. Inputs of at least
+# The operator mixes the plain operator's channel groups in turn (channel_groups). Inputs of at least
 # LONG_INPUT_TOKENS (B x N) run each group's transforms on halves of its channels after an in-place short convolution,
 # which lowers the peak memory while the input projection still reads the input once per group.
-CHANNEL_GROUP_ELEMENTS = 2**19
-MIN_CHANNEL_GROUP = 32
 LONG_INPUT_TOKENS = 8192
 # The in-place short convolution works on chunks of positions of about this many elements.
 SHORT_CONV_CHUNK_ELEMENTS = 2**18
@@ -352,13 +351,7 @@ class InferenceOperator(OrchidOperator):
         the result where the channel groups are written into one output; the result is then ``out``."""
         check_no_grad_input("x", x)
         check_no_grad_input("conditioning_input", conditioning_input)
-        batch, _ = self._check_input("x", x, attention_mask)
-        if conditioning_input is not None:
-            if self.conditioning is None:
-                raise ValueError("conditioning_input needs the data-dependent kernel (data_dependent=True)")
-            conditioning_batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
-            if conditioning_batch != batch:
-                raise ValueError(f"conditioning_input has batch size {conditioning_batch}, x has {batch}")
+        self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
         order = front_packing_order(attention_mask)
         with torch.no_grad():
             if order is not None:
@@ -370,13 +363,9 @@ class InferenceOperator(OrchidOperator):
         return y if order is None else scatter_rows(y, order)
 
     def channel_groups(self, batch: int) -> list[slice]:
-        """Consecutive channel ranges of about ``CHANNEL_GROUP_ELEMENTS / (batch * max_len)`` channels; all channels
-        at once where fewer than four groups would save little."""
-        width = CHANNEL_GROUP_ELEMENTS // (batch * self.max_len) // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP
-        width = max(width, MIN_CHANNEL_GROUP)
-        if 4 * width > self.d_model:
-            return [slice(0, self.d_model)]
-        return [slice(start, min(start + width, self.d_model)) for start in range(0, self.d_model, width)]
+        """The plain operator's channel groups (:func:`channel_groups`), each with explicit bounds."""
+        groups = channel_groups(self.d_model, batch * self.max_len)
+        return [slice(0, self.d_model)] if groups == [ALL_CHANNELS] else groups
 
     def transform_parts(self, width: int, batch: int) -> list[slice]:
         """The runs of a group's ``width`` channels whose transforms run together: halves from ``LONG_INPUT_TOKENS``

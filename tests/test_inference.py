@@ -10,6 +10,7 @@ import numpy as np
 import peft
 import pytest
 import torch
+from orchid_hf.modeling import orchid_layers
 from torch import nn
 
 from orchid_hf import (
@@ -35,9 +36,11 @@ def input_size(request, monkeypatch):
     transforms on halves of a group after an in-place short convolution in chunks of one position, out_proj and the
     embeddings' LayerNorm a token at a time, and everything after the mixer on chunks of 7 tokens."""
     if request.param == "long inputs":
-        for name, value in [("CHANNEL_GROUP_ELEMENTS", 1), ("MIN_CHANNEL_GROUP", 3), ("LONG_INPUT_TOKENS", 1),
-                            ("SHORT_CONV_CHUNK_ELEMENTS", 1), ("TOKEN_CHUNK_ELEMENTS", 1), ("MLP_CHUNK_ELEMENTS", 1),
-                            ("MLP_MIN_CHUNK_TOKENS", 7)]:
+        # The channel groups are the plain operator's, so the plain model takes them as well.
+        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+        for name, value in [("LONG_INPUT_TOKENS", 1), ("SHORT_CONV_CHUNK_ELEMENTS", 1), ("TOKEN_CHUNK_ELEMENTS", 1),
+                            ("MLP_CHUNK_ELEMENTS", 1), ("MLP_MIN_CHUNK_TOKENS", 7)]:
             monkeypatch.setattr(inference, name, value)
     return request.param
 
