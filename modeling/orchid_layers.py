@@ -86,6 +86,11 @@ def _pocketfft(x: torch.Tensor, dim: int, size: int, inverse: bool) -> torch.Ten
     out = x.new_empty(*x.shape[:dim], size, *x.shape[dim + 1 :])
     out.narrow(dim, 0, x.shape[dim]).copy_(x)
     out.narrow(dim, x.shape[dim], size - x.shape[dim]).zero_()
+    return pocketfft_in_place(out, dim, inverse)
+
+
+def pocketfft_in_place(out: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
+    """The orthonormal DCT-II (or, ``inverse``, DCT-III) along ``dim`` of the CPU tensor ``out``, written over it."""
     array = out.detach().numpy()
     transform = scipy_fft.idct if inverse else scipy_fft.dct
     result = transform(array, type=2, axis=dim, norm="ortho", overwrite_x=True, workers=torch.get_num_threads())
@@ -269,15 +274,31 @@ def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+def depthwise_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int = 0) -> torch.Tensor:
+    """x (B, L, C) convolved along L, each channel with its own kernel (weight (C, 1, k), bias (C)), with ``padding``
+    zeros at either end. It runs as a 2-D depthwise convolution of height 1 on a channels-last view of x, which oneDNN
+    computes without transposing the activations."""
+    image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
+    out = F.conv2d(image, weight.unsqueeze(2), bias, padding=(0, padding), groups=weight.shape[0])
+    return out.squeeze(2).transpose(1, 2)
+
+
+def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """The centred depthwise convolution of :class:`ShortConvolution`: around the circle where ``wrap`` (and the
+    sequence is at least as long as the kernel's reach), else over zeros."""
+    pad = weight.shape[-1] // 2
+    if wrap and 0 < pad <= x.shape[1]:
+        return depthwise_convolution(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
+    return depthwise_convolution(x, weight, bias, pad)
+
+
 class ShortConvolution(nn.Module):
     """Depthwise convolution along the sequence, centred (a bidirectional encoder sees both neighbours), on
     ``(batch, length, channels)`` inputs. Its parameters have the shapes of ``nn.Conv1d(channels, channels, k,
     groups=channels)``.
 
     ``circular=True`` wraps around the sequence, which keeps the convolution exactly shift-equivariant on the circle
-    (the FFT path, Sec. 3.2); otherwise it pads with zeros (the DCT path, and the frequency axis). It runs as a 2-D
-    depthwise convolution of height 1 on a channels-last view of its input, which oneDNN computes without
-    transposing the activations.
+    (the FFT path, Sec. 3.2); otherwise it pads with zeros (the DCT path, and the frequency axis).
     """
 
     def __init__(self, channels: int, kernel_size: int, circular: bool = False):
@@ -303,16 +324,9 @@ class ShortConvolution(nn.Module):
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
         transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
         of the layer's channels x holds (the operator mixes long inputs a group of channels at a time)."""
-        pad = self.kernel_size // 2
-        image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
-        padding = pad
-        if self.circular and wrap and 0 < pad <= x.shape[1]:
-            image = torch.cat([image[..., x.shape[1] - pad :], image, image[..., :pad]], dim=-1)
-            padding = 0
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight, bias = self.weight[channels].to(x.dtype).unsqueeze(2), self.bias[channels].to(x.dtype)
-        out = F.conv2d(image, weight, bias, padding=(0, padding), groups=weight.shape[0])
-        return out.squeeze(2).transpose(1, 2)
+        weight, bias = self.weight[channels].to(x.dtype), self.bias[channels].to(x.dtype)
+        return short_convolution(x, weight, bias, self.circular and wrap)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel_size={self.kernel_size}, circular={self.circular}"

@@ -45,13 +45,15 @@ from .modeling.orchid_layers import (
     OrchidOperator,
     ShortConvolution,
     channel_groups,
+    depthwise_convolution,
     forward_transform,
     front_packing_order,
     gather_rows,
     idct,
     magnitude_activation,
+    pocketfft_in_place,
     scatter_rows,
-    scipy_fft,
+    short_convolution,
     uses_pocketfft,
 )
 
@@ -239,23 +241,14 @@ def dct_in_place(x: torch.Tensor, n: int) -> torch.Tensor:
         out = x.new_empty(x.shape[0], n, x.shape[2])
         out[:, : x.shape[1]] = x
         out[:, x.shape[1] :].zero_()
-    return pocketfft_in_place(out, inverse=False)
+    return pocketfft_in_place(out, 1, inverse=False)
 
 
 def idct_in_place(x: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` samples of the orthonormal inverse DCT along axis 1 of x (B, n, C), which it overwrites."""
     if not uses_pocketfft(x) or not x.is_contiguous():
         return idct(x, 1, length)
-    return pocketfft_in_place(x, inverse=True)[:, :length]
-
-
-def pocketfft_in_place(out: torch.Tensor, inverse: bool) -> torch.Tensor:
-    array = out.numpy()
-    transform = scipy_fft.idct if inverse else scipy_fft.dct
-    result = transform(array, type=2, axis=1, norm="ortho", overwrite_x=True, workers=torch.get_num_threads())
-    if result.ctypes.data != array.ctypes.data:  # SciPy may decline to work in place
-        out.copy_(torch.from_numpy(result))
-    return out
+    return pocketfft_in_place(x, 1, inverse=True)[:, :length]
 
 
 def convolve_in_place(u: torch.Tensor, multiplier: torch.Tensor, transform: str, n: int) -> torch.Tensor:
@@ -267,22 +260,7 @@ def convolve_in_place(u: torch.Tensor, multiplier: torch.Tensor, transform: str,
     return torch.fft.irfft(spectrum, n=n, dim=1)[:, :length]
 
 
-def depthwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int = 0) -> torch.Tensor:
-    """A depthwise convolution of x (B, L, C) with weight (C, 1, k), as ShortConvolution computes it."""
-    image = x.transpose(1, 2).unsqueeze(2)
-    out = F.conv2d(image, weight.unsqueeze(2), bias, padding=(0, padding), groups=weight.shape[0])
-    return out.squeeze(2).transpose(1, 2)
-
-
-def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, circular: bool, wrap: bool):
-    """ShortConvolution's output for x (B, L, C), with its weights restricted to x's channels."""
-    pad = weight.shape[-1] // 2
-    if circular and wrap and 0 < pad <= x.shape[1]:
-        return depthwise(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
-    return depthwise(x, weight, bias, pad)
-
-
-def short_convolution_in_place(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, circular: bool, wrap: bool):
+def short_convolution_in_place(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool):
     """:func:`short_convolution` written over x in chunks of positions, so that the output never exists beside its
     input. Each chunk reads the positions ``[start - pad, stop + pad)`` of x extended by its borders (zeros, or the
     sequence's other end when it wraps), and is written back once the next chunk, which reads its last ``pad``
@@ -291,8 +269,8 @@ def short_convolution_in_place(x: torch.Tensor, weight: torch.Tensor, bias: torc
     length = x.shape[1]
     chunk = max(SHORT_CONV_CHUNK_ELEMENTS // (x.shape[0] * x.shape[2]), pad + 1)
     if length <= chunk or pad == 0:
-        return x.copy_(short_convolution(x, weight, bias, circular, wrap))
-    if circular and wrap and pad <= length:
+        return x.copy_(short_convolution(x, weight, bias, wrap))
+    if wrap and pad <= length:
         before, after = x[:, length - pad :].clone(), x[:, :pad].clone()
     else:
         before = after = x.new_zeros(x.shape[0], pad, x.shape[2])
@@ -305,7 +283,7 @@ def short_convolution_in_place(x: torch.Tensor, weight: torch.Tensor, bias: torc
         window.append(x[:, max(start - pad, 0) : min(stop + pad, length)])
         if stop + pad > length:
             window.append(after[:, : stop + pad - length])
-        out = depthwise(torch.cat(window, dim=1) if len(window) > 1 else window[0], weight, bias)
+        out = depthwise_convolution(torch.cat(window, dim=1) if len(window) > 1 else window[0], weight, bias)
         if pending is not None:
             x[:, pending[0]] = pending[1]
         pending = (slice(start, stop), out)
@@ -435,7 +413,7 @@ class InferenceOperator(OrchidOperator):
         rows = self._group_rows(channels)
         weight, bias = self.short_conv.weight[rows], self.short_conv.bias[rows]
         convolve = short_convolution_in_place if len(parts) > 1 else short_convolution
-        gated = convolve(projected, weight, bias, self.short_conv.circular, wrap)
+        gated = convolve(projected, weight, bias, self.short_conv.circular and wrap)
         del projected
         result = None
         for part in parts:
@@ -525,7 +503,7 @@ def conditioning_spectrum(
 
 
 def layer_convolution(layer: ShortConvolution, x: torch.Tensor, channels: slice, wrap: bool) -> torch.Tensor:
-    return short_convolution(x, layer.weight[channels], layer.bias[channels], layer.circular, wrap)
+    return short_convolution(x, layer.weight[channels], layer.bias[channels], layer.circular and wrap)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -167,12 +167,13 @@ def test_short_convolution_in_place_equals_the_direct_convolution(padding, kerne
     for length in (1, 2, 5, 23, 65, 196):
         for wrap in (True, False):
             x = torch.randn(2, length, 3)
-            expected = inference.short_convolution(x, weight, bias, padding == "circular", wrap)
-            circular = padding == "circular" and wrap and kernel_size // 2 <= length
+            wraps = padding == "circular" and wrap
+            expected = inference.short_convolution(x, weight, bias, wraps)
+            circular = wraps and kernel_size // 2 <= length
             reference = direct_depthwise(x, weight, bias, circular)
             np.testing.assert_allclose(expected.numpy(), reference, atol=1e-5, rtol=0)
             written = x.clone()
-            assert inference.short_convolution_in_place(written, weight, bias, padding == "circular", wrap) is written
+            assert inference.short_convolution_in_place(written, weight, bias, wraps) is written
             torch.testing.assert_close(written, expected, atol=1e-6, rtol=0)
 
 
