@@ -537,17 +537,25 @@ class ConditioningNetwork(nn.Module):
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
         key = forward_transform(self.time_conv(u, mask, wrap, channels), self.transform, n)
         if self.conditioning == "abs":
-            return self.freq_conv(key.abs(), channels=channels)
+            return self.frequency_convolution(key.abs(), channels)
         query = forward_transform(self.query_conv(u, mask, wrap, channels), self.transform, n)
-        if self.activation != "identity":
-            magnitude = query.abs()
-            query = query * (magnitude_activation(self.activation, magnitude) / magnitude.clamp_min(1e-12))
-        product = key.conj() * query
-        if torch.is_complex(product):
-            # A real convolution over frequency, on the real and imaginary parts alike.
-            real = self.freq_conv(product.real, channels=channels)
-            return torch.complex(real, self.freq_conv(product.imag, channels=channels))
-        return self.freq_conv(product, channels=channels)
+        return self.frequency_convolution(cross_spectrum(key, query, self.activation), channels)
+
+    def frequency_convolution(self, spectrum: torch.Tensor, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+        """Conv1d_freq: a real convolution over frequency, on the real and imaginary parts alike of a complex
+        spectrum."""
+        if torch.is_complex(spectrum):
+            real = self.freq_conv(spectrum.real, channels=channels)
+            return torch.complex(real, self.freq_conv(spectrum.imag, channels=channels))
+        return self.freq_conv(spectrum, channels=channels)
+
+
+def cross_spectrum(key: torch.Tensor, query: torch.Tensor, activation: str) -> torch.Tensor:
+    """``conj(key) * sigma(query)`` of Eq. 4, sigma acting on the query's magnitude and keeping its phase."""
+    if activation != "identity":
+        magnitude = query.abs()
+        query = query * (magnitude_activation(activation, magnitude) / magnitude.clamp_min(1e-12))
+    return key.conj() * query
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,14 +43,13 @@ from .modeling.orchid_layers import (
     BlockDiagonalLinear,
     ConditioningNetwork,
     OrchidOperator,
-    ShortConvolution,
     channel_groups,
+    cross_spectrum,
     depthwise_convolution,
     forward_transform,
     front_packing_order,
     gather_rows,
     idct,
-    magnitude_activation,
     pocketfft_in_place,
     scatter_rows,
     short_convolution,
@@ -469,41 +468,17 @@ def conditioning_spectrum(
     """``network(u, n, mask)`` for the network's ``channels`` only, transforming fresh time features in place."""
     wrap = u.shape[1] == n
 
-    def time_features(stack) -> torch.Tensor:
-        features = u
-        for layer in stack.layers:
-            if mask is not None:
-                features = features.masked_fill(~mask, 0.0)
-            features = layer_convolution(layer, features, channels, wrap)
-        if mask is not None:
-            features = features.masked_fill(~mask, 0.0)
-        # A layer or the mask made a new tensor; else it is u itself, which the transform must not overwrite.
-        return features.contiguous() if features is not u else fresh_copy(u)
-
-    def frequency_convolution(spectrum: torch.Tensor) -> torch.Tensor:
-        for layer in network.freq_conv.layers:
-            spectrum = layer_convolution(layer, spectrum, channels, wrap=False)
-        return spectrum
-
     def transformed(stack) -> torch.Tensor:
-        features = time_features(stack)
+        features = stack(u, mask, wrap, channels)
+        # A layer or the mask made a new tensor; else it is u itself, which the transform must not overwrite.
+        features = features.contiguous() if features is not u else fresh_copy(u)
         return dct_in_place(features, n) if network.transform == "dct" else forward_transform(features, "fft", n)
 
     key = transformed(network.time_conv)
     if network.conditioning == "abs":
-        return frequency_convolution(key.abs() if key.is_complex() else key.abs_())
+        return network.frequency_convolution(key.abs() if key.is_complex() else key.abs_(), channels)
     query = transformed(network.query_conv)
-    if network.activation != "identity":
-        magnitude = query.abs()
-        query = query * (magnitude_activation(network.activation, magnitude) / magnitude.clamp_min(1e-12))
-    product = key.conj() * query
-    if torch.is_complex(product):
-        return torch.complex(frequency_convolution(product.real), frequency_convolution(product.imag))
-    return frequency_convolution(product)
-
-
-def layer_convolution(layer: ShortConvolution, x: torch.Tensor, channels: slice, wrap: bool) -> torch.Tensor:
-    return short_convolution(x, layer.weight[channels], layer.bias[channels], layer.circular and wrap)
+    return network.frequency_convolution(cross_spectrum(key, query, network.activation), channels)
 
 
 # ---------------------------------------------------------------------------------------------
