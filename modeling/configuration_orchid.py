@@ -13,21 +13,24 @@ from .orchid_layers import OperatorSettings, is_integer
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
 
-# The CIFAR-10 models of Table 4.5 / C.3 differ only in width; the paper does not give their MLP width, and a
-# ratio of 1.5 matches both parameter counts.
+# The CIFAR-10 models of Table 4.5 / C.3 differ only in width. As for ImageNet (Sec. 4.3), the MLPs are block-diagonal
+# (4 blocks, width ratio 4, as ViT) and each layer has a residual long convolution. The paper gives neither the MLP's
+# nor the implicit filter's width for CIFAR: a filter of width 40 (with the authors' two inner layers) brings
+# Orchid-s at 4x4 patches to 730K parameters, the paper's 735K. The paper's other CIFAR counts cannot all be met
+# (docs/model.md, "Parameter counts").
 CIFAR_VIT = dict(
     image_size=32,
     patch_size=4,
     num_channels=3,
     num_hidden_layers=6,
     mlp_type="mlp",
-    mlp_num_blocks=1,
+    mlp_num_blocks=4,
     short_conv_size=3,
     conditioning_time_kernel_size=3,
     conditioning_freq_kernel_size=3,
     filter_emb_dim=5,
-    filter_width=32,
-    residual_long_conv=False,
+    filter_width=40,
+    residual_long_conv=True,
     pre_norm=True,
     hidden_dropout_prob=0.0,
     layer_norm_eps=1e-6,
@@ -62,8 +65,24 @@ PRESETS: dict[str, dict] = {
         filter_emb_dim=5,
         residual_long_conv=True,
     ),
-    "orchid-vit-cifar-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=192),
-    "orchid-vit-cifar-m": dict(CIFAR_VIT, hidden_size=220, intermediate_size=330),
+    "orchid-vit-cifar-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=512),
+    "orchid-vit-cifar-m": dict(CIFAR_VIT, hidden_size=220, intermediate_size=880),
+    # The synthetic-task model of App. C.1: 2 blocks of width 64, short convolutions of length 3 in time and
+    # frequency. Pre-norm blocks, no dropout and word embeddings drawn from N(0, 1) let it learn associative recall
+    # (docs/results/associative_recall.md); vocab_size and max_position_embeddings are the task's.
+    "orchid-recall": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        short_conv_size=3,
+        conditioning_time_kernel_size=3,
+        conditioning_freq_kernel_size=3,
+        pre_norm=True,
+        hidden_dropout_prob=0.0,
+        word_embedding_init_std=1.0,
+        type_vocab_size=0,
+        pad_token_id=None,
+    ),
     "orchid-vit-imagenet": dict(
         image_size=224,
         patch_size=16,
@@ -110,6 +129,8 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     every layer's ``OrchidOperator`` as they are.
 
     Dimension mixer: ``mlp_type`` ``"mlp"`` or ``"glu"``, with ``mlp_num_blocks`` block-diagonal blocks (1 is dense).
+    ``initializer_range`` is the standard deviation of BERT's initialisation; ``word_embedding_init_std``, when set,
+    replaces it for the word embeddings (the ``orchid-recall`` preset draws them from N(0, 1), see docs/model.md).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
     ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification.
     ``chunk_size_feed_forward``: everything after each layer's mixer (the residual sums, the LayerNorms and the MLP)
@@ -132,6 +153,7 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     max_position_embeddings: int = 128
     type_vocab_size: int = 2
     initializer_range: float = 0.02
+    word_embedding_init_std: float | None = None
     layer_norm_eps: float = 1e-12
     pad_token_id: int | None = 0
     tie_word_embeddings: bool = True
@@ -207,8 +229,10 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             value = getattr(self, name)
             if value is not None and not (is_number(value) and 0.0 <= value < 1.0):
                 raise ValueError(f"OrchidConfig.{name} must be in [0, 1), got {value!r}")
-        for name in ("layer_norm_eps", "initializer_range"):
+        for name in ("layer_norm_eps", "initializer_range", "word_embedding_init_std"):
             value = getattr(self, name)
+            if value is None and name == "word_embedding_init_std":
+                continue
             if not (is_number(value) and math.isfinite(value) and value > 0):
                 raise ValueError(f"OrchidConfig.{name} must be a finite number > 0, got {value!r}")
         widths = {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size}

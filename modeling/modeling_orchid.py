@@ -253,7 +253,8 @@ class OrchidPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         """BERT's initialisation for projections, embeddings and norms (the block-diagonal MLP's blocks are
-        ``nn.Linear`` and get it too); PyTorch's defaults inside the operator's short convolutions and implicit
+        ``nn.Linear`` and get it too; ``word_embedding_init_std``, when set, for the word embeddings); PyTorch's
+        defaults inside the operator's short convolutions and implicit
         filters, whose scale the sine activations and decay rely on."""
         super()._init_weights(module)
         if isinstance(module, ShortConvolution):
@@ -274,6 +275,14 @@ class OrchidPreTrainedModel(PreTrainedModel):
             init.normal_(module.skip)
             init.copy_(module.lag_features, module.make_lag_features())
             init.copy_(module.envelope, module.make_envelope())
+        elif (
+            self.config.word_embedding_init_std is not None
+            and not self.config.is_vision
+            and module is self.get_input_embeddings()
+        ):
+            init.normal_(module.weight, std=self.config.word_embedding_init_std)
+            if module.padding_idx is not None:
+                init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, OrchidPatchEmbeddings):
             # Xavier-uniform over the flattened patch (as MAE): with std 0.02 the image content of a few pixels per
             # patch would start many times weaker than the unit-scale sin-cos positions.

@@ -397,11 +397,10 @@ class ImplicitFilter(nn.Module):
     ``D`` term, ``y += D * x``, whose multiplier is the constant D under both transforms.
 
     ``spectrum="listing1"`` takes ``dct(h0)`` as the multiplier under the DCT instead, as the paper's Listing 1 and
-    the authors' code do, with the kernel laid out on signed circular lags (the authors' code lays it on lags
-    0 .. N-1, its decay falling along the kernel; docs/model.md). That is not the spectrum of a convolution with h0
-    (an impulse multiplies frequency k by ``sqrt(2/N) cos(pi k / 2N)``, ``1 / sqrt(N)`` in root mean square, and the
-    taps at negative lags couple each position with its mirror image), but it is the parameterisation the paper's
-    results were obtained with.
+    the authors' code do, with h0 on the same lags 0 .. N-1 and its decay falling along them, as the authors lay it
+    out. That is not the spectrum of a convolution with h0 (an impulse multiplies frequency k by
+    ``sqrt(2/N) cos(pi k / 2N)``, ``1 / sqrt(N)`` in root mean square), but it is the parameterisation the paper's
+    results were obtained with (docs/model.md).
     """
 
     def __init__(
@@ -410,8 +409,8 @@ class ImplicitFilter(nn.Module):
         length: int,
         transform: str = "dct",
         emb_dim: int = 5,
-        width: int = 64,
-        depth: int = 1,
+        width: int = 128,
+        depth: int = 2,
         sin_frequency: float = 1.0,
         decay: bool = True,
         spectrum: str = "listing1",
@@ -424,7 +423,6 @@ class ImplicitFilter(nn.Module):
         self.length = length
         self.transform = transform
         self.listing1 = transform == "dct" and spectrum == "listing1"
-        self.lag_layout = "fft" if self.listing1 else transform  # which transform's lags index the kernel
         self.emb_dim = emb_dim
         self.sin_frequency = sin_frequency
         self.decay = decay
@@ -439,7 +437,7 @@ class ImplicitFilter(nn.Module):
         self.register_buffer("envelope", self.make_envelope(), persistent=False)
 
     def make_lag_features(self) -> torch.Tensor:
-        return lag_embedding(self.length, self.emb_dim, self.lag_layout)
+        return lag_embedding(self.length, self.emb_dim, self.transform)
 
     def make_envelope(self) -> torch.Tensor:
         """``exp(-|t| * rate_c)``, (length, channels); |t| is the lag over the kernel length, so the decay profile
@@ -447,7 +445,7 @@ class ImplicitFilter(nn.Module):
         if not self.decay:
             return torch.ones(self.length, self.channels, device="cpu")
         rates = torch.linspace(*self.decay_rates, self.channels, device="cpu")
-        lags = kernel_lags(self.length, self.lag_layout).abs().unsqueeze(-1)
+        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1)
         return torch.exp(-lags / max(self.length, 1) * rates)
 
     def forward(self) -> torch.Tensor:
@@ -577,8 +575,8 @@ class OperatorSettings:
         in time and in frequency; conditioning_time_layers / conditioning_freq_layers their depth.
     filter_emb_dim, filter_width, filter_depth, filter_sin_frequency, filter_decay: the static implicit filter
         h0 = FFN(PosEmb(t)) (Remark 3.2).
-    filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as Listing 1 does (on circular lags);
-        ``"convolution"`` by the spectrum of a symmetric convolution with h0 (docs/model.md).
+    filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as Listing 1 does; ``"convolution"`` by
+        the spectrum of a symmetric convolution with h0 (docs/model.md).
     residual_long_conv: add a second static long convolution of the block input (App. C.3).
     """
 
@@ -592,8 +590,8 @@ class OperatorSettings:
     conditioning_time_layers: int = 1
     conditioning_freq_layers: int = 1
     filter_emb_dim: int = 5
-    filter_width: int = 64
-    filter_depth: int = 1
+    filter_width: int = 128
+    filter_depth: int = 2
     filter_sin_frequency: float = 1.0
     filter_decay: bool = True
     filter_spectrum: str = "listing1"

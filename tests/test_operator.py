@@ -188,13 +188,14 @@ def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
     np.testing.assert_allclose(to_np(got).transpose(0, 2, 1), expected[..., : n - 3], atol=1e-9, rtol=0)
 
 
-def test_listing1_filter_spectrum_is_the_dct_of_the_circular_kernel():
-    # The default, the authors' parameterisation: dct(h0) of a kernel on circular lags.
+def test_listing1_filter_spectrum_is_the_dct_of_the_kernel_on_lags_0_to_n():
+    # The default, the authors' parameterisation: dct(h0) of a kernel on lags 0 .. N-1 whose decay only falls.
     long_filter = ImplicitFilter(3, 16, "dct").double()
     kernel, skip = to_np(long_filter()), to_np(long_filter.skip)
     expected = scipy.fft.dct(kernel, axis=0, norm="ortho") + skip
     np.testing.assert_allclose(to_np(long_filter.spectrum(torch.float64)), expected, atol=1e-12)
-    assert long_filter.envelope[-1, 0] > long_filter.envelope[8, 0]  # circular: lag -1 sits at the end
+    assert torch.all(long_filter.envelope[1:] < long_filter.envelope[:-1])
+    np.testing.assert_allclose(to_np(long_filter.lag_features[:, 0]), np.arange(16) / 16, atol=1e-7)
     # Under the FFT there is nothing to choose: both give the exact circular convolution.
     torch.manual_seed(0)
     fft_listing1 = OrchidOperator(4, 12, transform="fft", filter_spectrum="listing1")
@@ -202,6 +203,26 @@ def test_listing1_filter_spectrum_is_the_dct_of_the_circular_kernel():
     fft_convolution = OrchidOperator(4, 12, transform="fft", filter_spectrum="convolution")
     x = torch.randn(2, 12, 4)
     torch.testing.assert_close(fft_listing1(x), fft_convolution(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("spectrum,median_bound", [("listing1", 0.15), ("convolution", 0.01)])
+def test_the_dct_static_kernel_stays_local_and_does_not_reach_the_mirror_position(spectrum, median_bound):
+    # An impulse at position 20 of 128: its response near the mirror position 107 against its response near 20, over
+    # 64 channels at initialisation (the skip term left out, as it only adds at 20 itself). A kernel on signed
+    # circular lags under dct(h0) gives a median of about 0.8: its taps at negative lags act on the mirror image.
+    ratios = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        long_filter = ImplicitFilter(64, 128, "dct", spectrum=spectrum).double()
+        with torch.no_grad():
+            multiplier = long_filter.spectrum(torch.float64) - long_filter.skip.double()
+        impulse = torch.zeros(1, 128, 64, dtype=torch.float64)
+        impulse[0, 20] = 1.0
+        response = long_convolution(impulse, multiplier, "dct", 128)[0].abs()
+        ratios.append(response[102:113].amax(0) / response[15:26].amax(0))
+    ratios = torch.cat(ratios)
+    assert ratios.median() < median_bound, ratios.median()
+    assert ratios.max() < 1.0, ratios.max()  # no channel answers more at the mirror than at the impulse
 
 
 def test_dct_filter_lags_run_forward_and_decay():
