@@ -6,16 +6,14 @@ from that dictionary and ends with a query key taken from one of the listed pair
 query's value from its output at the last position. Token ``vocab_size`` is a start token that fills the
 first position when ``seq_len - 1`` is odd, so every sequence has exactly ``seq_len`` tokens.
 
-Models, all of width 64 and depth 2 by default and trained the same way:
+Models are the library's and transformers' own classes, of width 64 and depth 2 by default, trained the same way:
 
-- ``orchid``: token embedding -> n x [pre-LayerNorm Orchid operator + residual, pre-LayerNorm MLP + residual]
-  -> LayerNorm -> linear head, with the library's :class:`OrchidOperator` (static kernel h0 + data-dependent h_theta);
-- ``static``: the same network with ``data_dependent=False``, the static implicit kernel only (Hyena / CKConv);
-- ``transformer``: the same skeleton with bidirectional multi-head self-attention (pre-norm, 4 heads) and
-  position information, which attention needs and convolutions do not: rotary embeddings (RoPE, the default) or
-  learned absolute position embeddings added to the tokens (``transformer_positions="learned"``).
+- ``orchid``: :class:`OrchidForMaskedLM` with the ``orchid-recall`` preset (the App. C.1 model);
+- ``static``: the same class with ``data_dependent=False``, the static implicit kernel only (Hyena / CKConv);
+- ``transformer``: transformers' ``BertForMaskedLM`` of the same width and depth (4 heads, learned positions,
+  no dropout).
 
-The loss is cross-entropy on the query position only.
+The loss is cross-entropy on the query position only: the masked-LM head's logits there.
 """
 
 from __future__ import annotations
@@ -30,7 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .modeling.configuration_orchid import OrchidConfig
+from .modeling.modeling_orchid import OrchidForMaskedLM
 from .modeling.orchid_layers import (
+    ALL_CHANNELS,
     CONDITIONING_ACTIVATIONS,
     CONDITIONINGS,
     FILTER_SPECTRA,
@@ -41,7 +42,6 @@ from .modeling.orchid_layers import (
 )
 
 MODELS = ("orchid", "static", "transformer")
-TRANSFORMER_POSITIONS = ("rope", "learned")
 # App. C.2: spatial then spectral (Eq. 2), two spatial layers only, two spectral layers only.
 CONDITIONING_LAYOUTS = {"spatial+spectral": (1, 1), "spatial": (2, 0), "spectral": (0, 2)}
 
@@ -105,34 +105,37 @@ def check_answers(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int) 
 
 @dataclass
 class RecallConfig:
+    """One run: the task, the model, and the training recipe (AdamW, linear warmup then cosine decay to zero)."""
+
     model: str = "orchid"
     vocab_size: int = 20
     seq_len: int = 128
-    d_model: int = 64
-    n_layers: int = 2
-    mlp_ratio: int = 4
-    n_heads: int = 4
-    transformer_positions: str = "rope"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4  # transformer only
     transform: str = "dct"
     conditioning: str = "abs"
     activation: str = "identity"
     conditioning_layout: str = "spatial+spectral"
     conditioning_depth: int = 1  # layers per domain in the spatial+spectral layout (3 for vocabulary 40)
     filter_spectrum: str = "listing1"  # dct(h0) as the static multiplier, as the authors' code; or "convolution"
-    steps: int = 2000
+    # Experiment only, not an option of the library operator: LayerNorm over channels after the conditioning
+    # network's time and frequency convolutions, as the authors' standalone code configures it.
+    conditioning_norm: bool = False
+    # Word embeddings ~ N(0, embedding_init_std^2): the preset's value for Orchid; for the transformer, word and
+    # position embeddings alike (attention finds the pair by position, which a 50x weaker table would hide).
+    embedding_init_std: float = 1.0
+    steps: int = 3000
     batch_size: int = 64
-    lr: float = 5e-4
-    warmup_steps: int = 1000
+    lr: float = 2e-3
+    warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = 250
     eval_size: int = 2000
     seed: int = 0
     threads: int = 1
-    # Experiment only, not part of the library operator: LayerNorm over channels after the conditioning
-    # network's time and frequency convolutions, as the authors' standalone code configures it.
-    conditioning_norm: bool = False
-    operator_kwargs: dict = field(default_factory=dict)
+    config_overrides: dict = field(default_factory=dict)  # any OrchidConfig / BertConfig field
 
     def validate(self) -> None:
         check_task(self.vocab_size, self.seq_len)
@@ -142,33 +145,43 @@ class RecallConfig:
             "conditioning": (self.conditioning, CONDITIONINGS),
             "activation": (self.activation, CONDITIONING_ACTIVATIONS),
             "conditioning_layout": (self.conditioning_layout, tuple(CONDITIONING_LAYOUTS)),
-            "transformer_positions": (self.transformer_positions, TRANSFORMER_POSITIONS),
             "filter_spectrum": (self.filter_spectrum, FILTER_SPECTRA),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        positive = ("d_model", "n_layers", "mlp_ratio", "n_heads", "conditioning_depth", "steps", "batch_size")
+        positive = ("hidden_size", "num_layers", "num_heads", "conditioning_depth", "steps", "batch_size")
         for name in (*positive, "eval_every", "eval_size", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0 or self.weight_decay < 0:
+        for name in ("lr", "embedding_init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise ValueError(
-                f"warmup_steps and weight_decay must be >= 0, got {self.warmup_steps} and {self.weight_decay}"
+                f"warmup_steps, weight_decay and grad_clip must be >= 0, got {self.warmup_steps}, "
+                f"{self.weight_decay} and {self.grad_clip}"
             )
-        if self.model == "transformer" and self.d_model % (2 * self.n_heads):
+        if self.model == "transformer" and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.conditioning_norm and (self.model != "orchid" or self.conditioning != "abs"):
             raise ValueError(
-                f"d_model={self.d_model} must be divisible by 2 * n_heads={2 * self.n_heads} "
-                "(rotary embeddings rotate pairs of each head's features)"
+                "conditioning_norm applies to model='orchid' with conditioning='abs' only, got "
+                f"model={self.model!r}, conditioning={self.conditioning!r}"
             )
 
-    def operator_settings(self) -> dict:
+    def orchid_config(self) -> OrchidConfig:
+        """The ``orchid-recall`` preset at this task's size (one more token: the start token), with the settings of
+        this run."""
         time_layers, freq_layers = CONDITIONING_LAYOUTS[self.conditioning_layout]
         if self.conditioning_layout == "spatial+spectral":
             time_layers = freq_layers = self.conditioning_depth
         settings = dict(
+            vocab_size=self.vocab_size + 1,
+            max_position_embeddings=self.seq_len,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            word_embedding_init_std=self.embedding_init_std,
             transform=self.transform,
             conditioning=self.conditioning,
             conditioning_activation=self.activation,
@@ -177,133 +190,79 @@ class RecallConfig:
             data_dependent=self.model == "orchid",
             filter_spectrum=self.filter_spectrum,
         )
-        settings.update(self.operator_kwargs)
-        return settings
+        return OrchidConfig.from_preset("orchid-recall", **{**settings, **self.config_overrides})
 
+    def bert_config(self):
+        """transformers' BertConfig of the same width and depth; no padding token (token 0 is a key)."""
+        from transformers import BertConfig
 
-class MLP(nn.Sequential):
-    def __init__(self, d_model: int, ratio: int):
-        super().__init__(nn.Linear(d_model, ratio * d_model), nn.GELU(), nn.Linear(ratio * d_model, d_model))
+        settings = dict(
+            vocab_size=self.vocab_size + 1,
+            max_position_embeddings=self.seq_len,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            intermediate_size=4 * self.hidden_size,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            type_vocab_size=1,
+            pad_token_id=None,
+        )
+        return BertConfig(**{**settings, **self.config_overrides})
 
 
 class NormalizedConditioning(nn.Module):
     """Type I conditioning with a LayerNorm over channels after the time and the frequency convolutions.
 
     An experiment, not the library operator: it reuses the wrapped network's convolutions and adds what the
-    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not.
+    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not. A LayerNorm
+    over channels needs every channel at once, so it refuses the operator's channel groups (long inputs of wide
+    models).
     """
 
     def __init__(self, inner: nn.Module, channels: int):
         super().__init__()
-        if inner.conditioning != "abs":
-            raise ValueError(f"conditioning_norm supports conditioning='abs' only, got {inner.conditioning!r}")
         self.inner = inner
         self.time_norm = nn.LayerNorm(channels)  # over the channels of (B, L, C) features and (B, N, C) spectra
         self.freq_norm = nn.LayerNorm(channels)
 
-    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
+    ) -> torch.Tensor:
         """The wrapped network's signature: u (B, L, C), transform length n, mask (B, L, 1) or None."""
+        if channels != ALL_CHANNELS:
+            raise ValueError(
+                f"conditioning_norm needs all {self.time_norm.normalized_shape[0]} channels at once; this input "
+                f"({u.shape[0]} x {n} positions) is mixed a group of channels at a time. Use a smaller batch."
+            )
         key = self.time_norm(self.inner.time_conv(u, mask, u.shape[1] == n))
         spectrum = forward_transform(masked(key, mask), self.inner.transform, n).abs()
         return self.freq_norm(self.inner.freq_conv(spectrum))
 
 
-class OrchidBlock(nn.Module):
-    """Pre-norm residual block: the Orchid operator mixes the sequence, the MLP mixes the features."""
+def build_model(config: RecallConfig) -> nn.Module:
+    """The run's model, freshly initialised: OrchidForMaskedLM (orchid, static) or BertForMaskedLM (transformer)."""
+    config.validate()
+    if config.model == "transformer":
+        from transformers import BertForMaskedLM
 
-    def __init__(self, config: RecallConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(config.d_model)
-        self.mixer = OrchidOperator(config.d_model, config.seq_len, **config.operator_settings())
-        if config.conditioning_norm and self.mixer.conditioning is not None:
-            self.mixer.conditioning = NormalizedConditioning(self.mixer.conditioning, config.d_model)
-        self.norm2 = nn.LayerNorm(config.d_model)
-        self.mlp = MLP(config.d_model, config.mlp_ratio)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-def rotary_tables(
-    length: int, head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of RoPE's angles ``t * base^(-2i / head_dim)``, each (length, head_dim // 2)."""
-    frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.arange(length, dtype=torch.float64)[:, None] * frequencies
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+        model = BertForMaskedLM(config.bert_config())
+        embeddings = model.bert.embeddings
+        with torch.no_grad():
+            embeddings.word_embeddings.weight.normal_(0.0, config.embedding_init_std)
+            embeddings.position_embeddings.weight.normal_(0.0, config.embedding_init_std)
+        return model
+    model = OrchidForMaskedLM(config.orchid_config())
+    if config.conditioning_norm:
+        for module in model.modules():
+            if isinstance(module, OrchidOperator):
+                module.conditioning = NormalizedConditioning(module.conditioning, module.d_model)
+    return model
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on (B, heads, L, head_dim): feature pairs (2i, 2i + 1) rotated by their position's angle."""
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-
-class AttentionBlock(nn.Module):
-    """Pre-norm residual block: bidirectional multi-head self-attention (rotary positions), then the MLP."""
-
-    def __init__(self, config: RecallConfig):
-        super().__init__()
-        self.n_heads = config.n_heads
-        self.norm1 = nn.LayerNorm(config.d_model)
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
-        self.out = nn.Linear(config.d_model, config.d_model)
-        self.norm2 = nn.LayerNorm(config.d_model)
-        self.mlp = MLP(config.d_model, config.mlp_ratio)
-        cos, sin = rotary_tables(config.seq_len, config.d_model // config.n_heads)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        cos, sin = self.cos[:length], self.sin[:length]
-        attended = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v)
-        x = x + self.out(attended.transpose(1, 2).reshape(batch, length, width))
-        return x + self.mlp(self.norm2(x))
-
-
-class RecallModel(nn.Module):
-    """Embedding -> blocks -> LayerNorm -> head; returns the logits at the last (query) position only."""
-
-    def __init__(self, config: RecallConfig):
-        super().__init__()
-        config.validate()
-        self.config = config
-        vocab = config.vocab_size + 1  # + the start token
-        self.embedding = nn.Embedding(vocab, config.d_model)
-        self.position = None
-        if config.model == "transformer" and config.transformer_positions == "rope":
-            self.blocks = nn.ModuleList(AttentionBlock(config) for _ in range(config.n_layers))
-        elif config.model == "transformer":
-            # Same scale as the token embedding (nn.Embedding draws N(0, 1)): position embeddings 50x smaller
-            # (std 0.02) left the Transformer on the most-frequent-value plateau for all 1500 steps we ran.
-            self.position = nn.Parameter(torch.randn(config.seq_len, config.d_model))
-            self.blocks = nn.ModuleList(
-                nn.TransformerEncoderLayer(
-                    config.d_model,
-                    config.n_heads,
-                    config.mlp_ratio * config.d_model,
-                    dropout=0.0,
-                    activation="gelu",
-                    batch_first=True,
-                    norm_first=True,
-                )
-                for _ in range(config.n_layers)
-            )
-        else:
-            self.blocks = nn.ModuleList(OrchidBlock(config) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model)
-        self.head = nn.Linear(config.d_model, vocab)
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(inputs)
-        if self.position is not None:
-            x = x + self.position[: inputs.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x[:, -1]))
+def query_logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The masked-LM head's logits at the last (query) position, (batch, vocabulary)."""
+    return model(input_ids=inputs).logits[:, -1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,11 +279,11 @@ def learning_rate(step: int, config: RecallConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: RecallModel, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 500) -> dict:
+def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 500) -> dict:
     model.eval()
     loss, correct = 0.0, 0
     for start in range(0, len(inputs), batch_size):
-        logits = model(inputs[start : start + batch_size])
+        logits = query_logits(model, inputs[start : start + batch_size])
         target = targets[start : start + batch_size]
         loss += F.cross_entropy(logits, target, reduction="sum").item()
         correct += (logits.argmax(-1) == target).sum().item()
@@ -355,7 +314,7 @@ def train(
     config.validate()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    model = RecallModel(config)
+    model = build_model(config)
     data = torch.Generator().manual_seed(config.seed + 1)
     eval_inputs, eval_targets = test_set(config)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
@@ -372,7 +331,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         inputs, targets = generate_batch(config.batch_size, config.vocab_size, config.seq_len, data)
-        loss = F.cross_entropy(model(inputs), targets)
+        loss = F.cross_entropy(query_logits(model, inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip:
@@ -429,35 +388,38 @@ PAPER_NAMES = {"orchid": "Orchid", "static": "Hyena", "transformer": "Transforme
 def describe(config: dict) -> str:
     """A short label of a run's model and its non-default ablation settings."""
     if config["model"] == "transformer":
-        # Runs recorded before rotary embeddings existed used learned positions.
-        return f"transformer / {config.get('transformer_positions', 'learned')} positions"
+        return "transformer (BertForMaskedLM)"
     if config["model"] != "orchid":
         return config["model"] + filter_label(config)
     parts = ["orchid", config["transform"], config["conditioning"]]
     if config["conditioning"] == "xcorr":
         parts.append(config["activation"])
     parts.append(config["conditioning_layout"])
-    if config.get("conditioning_depth", 1) != 1:
+    if config["conditioning_depth"] != 1:
         parts.append(f"depth {config['conditioning_depth']}")
+    if config["conditioning_norm"]:
+        parts.append("LayerNorm")
     return " / ".join(parts) + filter_label(config)
 
 
 def filter_label(config: dict) -> str:
-    """Which static multiplier a DCT run used; runs recorded before the option existed used dct(h0)."""
+    """Which static multiplier a DCT run used."""
     if config["transform"] != "dct":
         return ""
-    listing1 = config.get("filter_spectrum", "listing1") == "listing1"
-    return " / h0 " + ("dct(h0), Listing 1" if listing1 else "convolution")
+    return " / h0 " + ("dct(h0), Listing 1" if config["filter_spectrum"] == "listing1" else "convolution")
 
 
 def results_table(paths: list[str | Path]) -> str:
     """A markdown table of run results (JSON files written by the CLI), with the paper's number beside each."""
     rows = [
-        "| model | vocab | length | steps | batch | lr | test acc. % (final / best) | paper % | wall time | note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | parameters | vocab | length | seed | steps | batch | lr | test acc. % (final / best) | paper % | "
+        "wall time | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     results = [json.loads(Path(p).read_text()) for p in paths]
-    results.sort(key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"])))
+    results.sort(
+        key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"]), r["config"]["seed"])
+    )
     for r in results:
         c = r["config"]
         key = (c["model"], c["vocab_size"], c["seq_len"])
@@ -467,7 +429,8 @@ def results_table(paths: list[str | Path]) -> str:
         # A run stopped early shows the steps it reached out of its schedule's length.
         steps = str(c["steps"]) if r.get("finished", True) else f"{r['steps_done']} of {c['steps']} (stopped)"
         rows.append(
-            f"| {describe(c)} | {c['vocab_size']} | {c['seq_len']} | {steps} | {c['batch_size']} | "
+            f"| {describe(c)} | {r['parameters'] / 1e3:.0f}K | {c['vocab_size']} | {c['seq_len']} | {c['seed']} | "
+            f"{steps} | {c['batch_size']} | "
             f"{c['lr']:g} | {100 * r['test_accuracy']:.1f} / {100 * r['best_test_accuracy']:.1f} | "
             f"{paper_text} | {r['seconds'] / 60:.0f} min | {r.get('note', '')} |"
         )

@@ -1,54 +1,71 @@
 """Associative recall (Orchid paper, Sec. 4.1 and App. C): train one model and write its result as JSON.
 
-    python scripts/associative_recall.py --model orchid --vocab_size 20 --seq_len 128 --steps 4000 \
+    python scripts/associative_recall.py --model orchid --vocab_size 20 --seq_len 128 \
         --out outputs/recall/orchid_v20_l128.json
-    python scripts/associative_recall.py --table outputs/recall/*.json   # markdown table of finished runs
+    python scripts/associative_recall.py --model transformer --vocab_size 20 --out outputs/recall/bert_v20_l128.json
+    python scripts/associative_recall.py --table outputs/recall/*.json --plot curves.png   # table of finished runs
 
+Models: ``orchid`` (OrchidForMaskedLM, preset ``orchid-recall``), ``static`` (the same with
+``data_dependent=False``) and ``transformer`` (transformers' BertForMaskedLM of the same width and depth).
 The learning curve goes to ``<out>.log`` (one JSON line per evaluation) while the run trains.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+from orchid_hf.modeling.orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, FILTER_SPECTRA, TRANSFORMS
 
 from orchid_hf.recall import CONDITIONING_LAYOUTS, MODELS, RecallConfig, plot_curves, results_table, train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    defaults = RecallConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="orchid", choices=MODELS)
-    parser.add_argument("--vocab_size", type=int, default=20)
-    parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--d_model", type=int, default=64)
-    parser.add_argument("--n_layers", type=int, default=2)
-    parser.add_argument("--transformer_positions", default="rope", choices=("rope", "learned"),
-                        help="transformer only: rotary embeddings or learned absolute position embeddings")
-    parser.add_argument("--conditioning", default="abs", help="abs (Type I, Eq. 2) or xcorr (Type II, Eq. 4)")
-    parser.add_argument("--activation", default="identity", help="sigma of Type II: identity, sigmoid, tanh, ...")
-    parser.add_argument("--transform", default="dct", help="dct or fft")
-    parser.add_argument("--conditioning_layout", default="spatial+spectral", choices=tuple(CONDITIONING_LAYOUTS))
-    parser.add_argument("--conditioning_depth", type=int, default=1, help="Conv1d layers per domain (3 for vocab 40)")
-    parser.add_argument("--filter_spectrum", default="listing1", choices=("listing1", "convolution"),
+    parser.add_argument("--model", default=defaults.model, choices=MODELS)
+    parser.add_argument("--vocab_size", type=int, default=defaults.vocab_size)
+    parser.add_argument("--seq_len", type=int, default=defaults.seq_len)
+    parser.add_argument("--hidden_size", type=int, default=defaults.hidden_size)
+    parser.add_argument("--num_layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--num_heads", type=int, default=defaults.num_heads, help="transformer only")
+    parser.add_argument("--transform", default=defaults.transform, choices=TRANSFORMS)
+    parser.add_argument("--conditioning", default=defaults.conditioning, choices=CONDITIONINGS,
+                        help="abs (Type I, Eq. 2) or xcorr (Type II, Eq. 4)")
+    parser.add_argument("--activation", default=defaults.activation, choices=CONDITIONING_ACTIVATIONS,
+                        help="sigma of Type II")
+    parser.add_argument("--conditioning_layout", default=defaults.conditioning_layout,
+                        choices=tuple(CONDITIONING_LAYOUTS))
+    parser.add_argument("--conditioning_depth", type=int, default=defaults.conditioning_depth,
+                        help="Conv1d layers per domain (3 for vocabulary 40)")
+    parser.add_argument("--filter_spectrum", default=defaults.filter_spectrum, choices=FILTER_SPECTRA,
                         help="DCT only: the static multiplier is dct(h0), as in the paper's Listing 1, or the "
                         "spectrum of a convolution with h0")
     parser.add_argument("--conditioning_norm", action="store_true",
                         help="experiment: LayerNorm in the conditioning network (not in the library operator)")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--warmup_steps", type=int, default=1000)
-    parser.add_argument("--weight_decay", type=float, default=0.1)
-    parser.add_argument("--eval_every", type=int, default=250)
-    parser.add_argument("--eval_size", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--embedding_init_std", type=float, default=defaults.embedding_init_std)
+    parser.add_argument("--config_overrides", type=json.loads, default={}, metavar="JSON",
+                        help='fields of the model\'s config, e.g. \'{"pre_norm": false}\'')
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--batch_size", type=int, default=defaults.batch_size)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--warmup_steps", type=int, default=defaults.warmup_steps)
+    parser.add_argument("--weight_decay", type=float, default=defaults.weight_decay)
+    parser.add_argument("--grad_clip", type=float, default=defaults.grad_clip, help="0 for none")
+    parser.add_argument("--eval_every", type=int, default=defaults.eval_every)
+    parser.add_argument("--eval_size", type=int, default=defaults.eval_size)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--out", help="result JSON path; the learning curve goes to <out>.log")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="print a markdown table of these results")
     parser.add_argument("--plot", metavar="PNG", help="with --table: also plot the learning curves to PNG")
     parser.add_argument("--no_progress", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.plot and not args.table:
+        parser.error("--plot needs --table")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
