@@ -254,8 +254,8 @@ class OrchidPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         """BERT's initialisation for projections, embeddings and norms (the block-diagonal MLP's blocks are
         ``nn.Linear`` and get it too; ``word_embedding_init_std``, when set, for the word embeddings); PyTorch's
-        defaults inside the operator's short convolutions and implicit
-        filters, whose scale the sine activations and decay rely on."""
+        defaults inside the operator's short convolutions and implicit filters, whose scale the sine activations and
+        decay rely on."""
         super()._init_weights(module)
         if isinstance(module, ShortConvolution):
             # With BERT's std 0.02 the gates s1, s2 and the value v would start near zero and their product, the
