@@ -28,6 +28,7 @@ from transformers.utils.generic import can_return_tuple
 from .configuration_orchid import OrchidConfig
 from .orchid_layers import (
     BlockDiagonalLinear,
+    GatedActivation,
     ImplicitFilter,
     OrchidOperator,
     ShortConvolution,
@@ -132,7 +133,7 @@ def feature_linear(in_features: int, out_features: int, num_blocks: int) -> nn.M
 
 class OrchidMLP(nn.Module):
     """The dimension mixer: ``W2 act(W1 x)``, or the GLU ``W2 (act(W1 x) * W1' x)`` of M2-BERT, where W1 and W1' are
-    the two halves of ``up_proj``."""
+    the two halves of ``up_proj`` (:class:`GatedActivation`, which keeps less for backward than autograd would)."""
 
     def __init__(self, config: OrchidConfig):
         super().__init__()
@@ -147,8 +148,7 @@ class OrchidMLP(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
         if self.is_glu:
-            gate, value = hidden_states.chunk(2, dim=-1)
-            hidden_states = self.act(gate) * value
+            hidden_states = GatedActivation.apply(hidden_states, self.act)
         else:
             hidden_states = self.act(hidden_states)
         return self.dropout(self.down_proj(hidden_states))

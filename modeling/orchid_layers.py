@@ -876,3 +876,42 @@ class BlockDiagonalLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, num_blocks={self.num_blocks}"
+
+
+class GatedActivation(torch.autograd.Function):
+    """The GLU of M2-BERT's MLP, ``act(gate) * value`` with ``gate, value = hidden.chunk(2, -1)``, saving only
+    ``hidden`` for backward.
+
+    Written out by autograd, the GLU saves ``act(gate)`` as well (half the size of ``hidden``), and the gradients of
+    the two halves are joined by a concatenation in backward. Here the backward recomputes ``act(gate)``, which costs
+    one elementwise pass, and writes both halves of the gradient into one tensor. The results equal the written-out
+    GLU's, gradients included; double backward works (a ``create_graph`` backward is differentiable).
+
+    ``act`` is the MLP's activation module; it is called as a module in forward, so its hooks fire once per call, and
+    its ``forward`` is called directly when backward recomputes it.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        ctx.act = act
+        ctx.save_for_backward(hidden)
+        gate, value = hidden.chunk(2, dim=-1)
+        return act(gate) * value
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (hidden,) = ctx.saved_tensors
+        gate, value = hidden.chunk(2, dim=-1)
+        if torch.is_grad_enabled():  # backward(create_graph=True): build the gradient from differentiable steps
+            activated = ctx.act.forward(gate)
+            (grad_gate,) = torch.autograd.grad(activated, gate, grad * value, create_graph=True)
+            return torch.cat([grad_gate, grad * activated], dim=-1), None
+        with torch.enable_grad():
+            leaf = gate.detach().requires_grad_(True)
+            activated = ctx.act.forward(leaf)
+        grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format)
+        grad_gate, grad_value = grad_hidden.chunk(2, dim=-1)
+        torch.mul(grad, activated.detach(), out=grad_value)
+        (local,) = torch.autograd.grad(activated, leaf, grad * value)
+        grad_gate.copy_(local)
+        return grad_hidden, None

@@ -1,0 +1,120 @@
+"""The training path's custom autograd Functions: gradients checked numerically, and results equal to the
+written-out computation they replace, for the Function alone and for a whole model."""
+
+import pytest
+import torch
+from orchid_hf.modeling.modeling_orchid import OrchidMLP
+from orchid_hf.modeling.orchid_layers import GatedActivation
+from torch import nn
+from transformers.activations import ACT2FN
+
+from orchid_hf import OrchidConfig, OrchidForMaskedLM
+
+ACTIVATIONS = ["gelu", "gelu_new", "silu", "relu"]
+
+
+def written_out_glu(hidden: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    gate, value = hidden.chunk(2, dim=-1)
+    return act(gate) * value
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new", "silu"])
+def test_gated_activation_gradcheck_and_gradgradcheck(activation):
+    torch.manual_seed(0)
+    act = ACT2FN[activation]
+    hidden = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h: GatedActivation.apply(h, act), (hidden,))
+    assert torch.autograd.gradgradcheck(lambda h: GatedActivation.apply(h, act), (hidden,))
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gated_activation_equals_the_written_out_glu(activation):
+    torch.manual_seed(0)
+    act = ACT2FN[activation]
+    hidden = torch.randn(4, 7, 16)
+    grad = torch.randn(4, 7, 8)
+    results = []
+    for glu in (lambda h: GatedActivation.apply(h, act), lambda h: written_out_glu(h, act)):
+        leaf = hidden.clone().requires_grad_(True)
+        out = glu(leaf)
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad))
+    (out, grad_hidden), (reference_out, reference_grad) = results
+    torch.testing.assert_close(out, reference_out, rtol=0, atol=0)
+    torch.testing.assert_close(grad_hidden, reference_grad, rtol=1e-6, atol=1e-7)
+
+
+def saved_bytes(fn, *args) -> int:
+    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args)`` runs."""
+    storages = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn(*args)
+    return sum(storages.values())
+
+
+def test_the_glu_mlp_saves_less_for_backward_than_the_written_out_glu():
+    torch.manual_seed(0)
+    config = OrchidConfig(
+        hidden_size=32, intermediate_size=128, mlp_type="glu", mlp_num_blocks=4, hidden_dropout_prob=0.0
+    )
+    mlp = OrchidMLP(config)
+    x = torch.randn(2, 64, 32, requires_grad=True)
+    fused = saved_bytes(mlp, x)
+    gelu = mlp.act
+
+    def written_out(inputs):
+        return mlp.down_proj(written_out_glu(mlp.up_proj(inputs), gelu))
+
+    intermediate_bytes = 2 * 64 * 128 * 4  # act(gate): tokens x intermediate_size float32
+    assert saved_bytes(written_out, x) - fused == intermediate_bytes
+
+
+def test_the_activation_hooks_fire_once_per_call_in_training():
+    torch.manual_seed(0)
+    config = OrchidConfig(hidden_size=32, intermediate_size=64, mlp_type="glu", mlp_num_blocks=2)
+    mlp = OrchidMLP(config)
+    calls = []
+    mlp.act.register_forward_hook(lambda module, inputs, output: calls.append(output.shape))
+    mlp(torch.randn(2, 5, 32, requires_grad=True)).sum().backward()
+    assert calls == [torch.Size([2, 5, 64])]
+
+
+def test_model_gradients_equal_the_written_out_glu():
+    """The whole masked-LM model, loss and every parameter's gradient, against the same weights with the GLU written
+    out as autograd would record it (float32, 1e-5)."""
+    torch.manual_seed(0)
+    config = OrchidConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                          max_position_embeddings=16, hidden_dropout_prob=0.0, mlp_type="glu", mlp_num_blocks=4,
+                          chunk_size_feed_forward=8)
+    model = OrchidForMaskedLM(config).train()
+    ids = torch.randint(0, 50, (3, 16))
+    labels = torch.where(torch.rand(3, 16) < 0.3, ids, torch.full_like(ids, -100))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+
+    def loss_and_grads():
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = loss_and_grads()
+    original = OrchidMLP.forward
+
+    def written_out_forward(self, hidden_states):
+        return self.dropout(self.down_proj(written_out_glu(self.up_proj(hidden_states), self.act)))
+
+    OrchidMLP.forward = written_out_forward
+    try:
+        reference_loss, reference_grads = loss_and_grads()
+    finally:
+        OrchidMLP.forward = original
+    torch.testing.assert_close(loss, reference_loss, rtol=0, atol=0)
+    assert grads.keys() == reference_grads.keys() and len(grads) > 20
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-5, atol=1e-5, msg=name)
