@@ -1,6 +1,6 @@
 """Speed and memory of Orchid against attention (paper App. C.6, Figure C.4), measured side by side.
 
-Two parts:
+Three parts:
 
 * operator: one Orchid operator against a multi-head self-attention block of the same width (QKV projection,
   ``torch.nn.functional.scaled_dot_product_attention``, output projection) at batch 1 and growing length, forward and
@@ -8,12 +8,26 @@ Two parts:
   with SDPA forced to its math backend, which materialises the L x L scores as the paper's "Attention" does.
 * model: ``orchid-bert-base`` against transformers' ``BertModel`` of the same width and depth (SDPA attention), at
   (batch, length) shapes, forward (``--model-modes forward_backward`` for a training step without the optimizer).
+* train (``--parts train``): a training step as users train these models, at (batch, length) shapes
+  (``--train-shapes``). The model: ``OrchidForMaskedLM`` (orchid-bert-base's sizes, ``max_position_embeddings = L``)
+  against transformers' ``BertForMaskedLM`` of the same width, depth, intermediate size and vocabulary (12 heads,
+  SDPA), in train mode, on seeded random token ids with MLM labels (15% of the positions, the rest -100, the same for
+  both), the loss from the model's own output, then ``loss.backward()``; reported are the forward + backward time, the
+  time of one ``torch.optim.AdamW`` step (``step()`` and ``zero_grad(set_to_none=True)``, timed apart after a
+  backward) and the peak memory of the forward + backward call. Dropout is 0 in both models: with dropout, SDPA on
+  the CPU falls back to its math path, which materialises the L x L scores, while without it BERT gets its strongest
+  kernel (flash), so the comparison measures the architectures rather than dropout. The operator alone: one
+  ``OrchidOperator`` against the attention block (SDPA's default backend) of the same width, forward + backward at
+  the same shapes, as the operator part does. ``--profile-train SHAPES`` profiles the Orchid model's training step
+  op by op.
 
-Candidates: ``orchid`` is the model as users build it (plain modules, ``OrchidModel`` / ``OrchidOperator``);
-``orchid_optimized`` the same after ``orchid_hf.optimize_for_inference`` (forward only); ``orchid_reference`` another
-version of the model code, given as a ``modeling/`` folder (``--reference PATH``, e.g. of a git worktree of an older
-commit), built through that version's own ``OrchidConfig.from_preset`` and ``OrchidModel``; ``bert`` and the attention
-blocks are the baselines. Every candidate is reached through public entry points only.
+Candidates: ``orchid`` is the model as users build it (plain modules, ``OrchidModel`` / ``OrchidForMaskedLM`` /
+``OrchidOperator``); ``orchid_optimized`` the same after ``orchid_hf.optimize_for_inference`` (forward only);
+``orchid_reference`` another version of the model code, given as a ``modeling/`` folder (``--reference PATH``, e.g. of
+a git worktree of an older commit), built through that version's own ``OrchidConfig.from_preset`` and ``OrchidModel``
+(``OrchidForMaskedLM``, ``OrchidOperator``; a version that lacks the class a part needs is reported as failed there);
+``bert`` (``BertModel``, ``BertForMaskedLM``) and the attention blocks are the baselines. Every candidate is reached
+through public entry points only.
 
 Method. Each candidate lives in a worker process of its own, so that no candidate inherits another's memory allocator
 state (on the CPU, fresh pages of a large tensor cost about as much as the pass that fills them, and which tensors get
@@ -29,8 +43,10 @@ sees everything, allocator slack included.
 An operator candidate whose next call is predicted (power law through its last points) to take longer than
 ``max_call_s`` is not run at longer lengths; nor is one that would need more memory than is available (math attention's
 scores). Their later points are predicted from that power law and marked ``extrapolated``, never reported as measured.
-A model whose warm-up call alone took longer than ``max_call_s`` is timed by that one call (``single_call``). With
-``--device cuda`` every step synchronises and memory is the CUDA allocator's peak.
+A model whose warm-up call alone took longer than ``max_call_s`` is timed by that one call (``single_call``; in the
+train part, the optimizer step after it likewise). In the train part each timed call is followed, in the same round, by
+the optimizer step it feeds, timed on its own. With ``--device cuda`` every step synchronises and memory is the CUDA
+allocator's peak.
 
 Run ``python scripts/benchmark.py --help``; ``--quick`` runs tiny sizes in seconds (the test uses it). Bad arguments
 (an unknown part, a shape that is not BxL, ``--device cuda`` where torch sees no GPU, a reference folder without model
@@ -72,8 +88,25 @@ IMPL_LABELS = {
 }
 MODES = ("forward", "forward_backward")
 MODEL_SHAPES = ((8, 128), (1, 4096), (1, 16384))
+QUICK_SHAPES = ((2, 32), (1, 128))  # the model and train parts' shapes with --quick
 # The speed-up targets of docs/performance.md for the plain model (forward, float32), checked in the report.
 TARGET_SPEEDUPS = {(8, 128): 1.3, (1, 4096): 2.5, (1, 16384): 6.0}
+# The train part: its two levels, the candidates of each (and which is the baseline) and its default shapes.
+TRAIN_IMPLS = {"model": ("orchid", "bert"), "operator": ("orchid", "attention_sdpa")}
+TRAIN_BASELINES = {"model": "bert", "operator": "attention_sdpa"}
+TRAIN_LEVELS = ("model", "operator")
+TRAIN_SHAPES = ((8, 128), (32, 128), (1, 4096), (1, 16384))
+# The training targets for the plain model (float32), checked in the report: forward + backward at least this many
+# times faster than BertForMaskedLM, and the peak memory of that call at most this fraction of BERT's.
+TRAIN_TARGET_SPEEDUPS = {(8, 128): 1.4, (1, 4096): 2.5, (1, 16384): 5.0}
+TRAIN_TARGET_MEMORY_RATIOS = {(1, 16384): 0.5}
+MLM_LABELS = {
+    "orchid": "OrchidForMaskedLM",
+    "orchid_reference": "OrchidForMaskedLM, reference version",
+    "bert": "BertForMaskedLM (SDPA)",
+}
+MLM_PROBABILITY = 0.15  # share of positions with a label, as in BERT's pre-training
+LEARNING_RATE = 1e-4
 # Calls up to this long are profiled a second time after timing, for the peak memory of later calls.
 LATER_PEAK_MAX_CALL_S = 20.0
 WORKER_REPLY = "@@benchmark-worker "  # the prefix of a worker's replies on its stdout
@@ -150,8 +183,8 @@ def model_sizes(quick: bool, layers: int | None = None) -> dict:
     return sizes if layers is None else dict(sizes, num_hidden_layers=layers)
 
 
-def bert_config(quick: bool, length: int, layers: int | None = None):
-    """transformers' BERT of orchid-bert-base's width and depth, with SDPA attention."""
+def bert_config(quick: bool, length: int, layers: int | None = None, **overrides):
+    """transformers' BERT of orchid-bert-base's width and depth, with SDPA attention (and any field overridden)."""
     from transformers import BertConfig
 
     from orchid_hf import OrchidConfig
@@ -165,7 +198,15 @@ def bert_config(quick: bool, length: int, layers: int | None = None):
         intermediate_size=orchid.intermediate_size,
         max_position_embeddings=max(length, 512),
         attn_implementation="sdpa",
+        **overrides,
     )
+
+
+def orchid_config(package, quick: bool, length: int, layers: int | None = None, **overrides):
+    """orchid-bert-base's configuration in ``package`` (``orchid_hf`` or a reference version) with
+    ``max_position_embeddings = length``, tiny with ``quick``, ``layers`` deep if given, any other field overridden."""
+    sizes = model_sizes(quick, layers)
+    return package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **sizes, **overrides)
 
 
 def build_model(impl: str, quick: bool, length: int, reference=None, layers: int | None = None) -> nn.Module:
@@ -178,9 +219,7 @@ def build_model(impl: str, quick: bool, length: int, reference=None, layers: int
     package = reference
     if impl != "orchid_reference":
         import orchid_hf as package
-    sizes = model_sizes(quick, layers)
-    config = package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **sizes)
-    model = package.OrchidModel(config)
+    model = package.OrchidModel(orchid_config(package, quick, length, layers))
     if impl == "orchid_optimized":
         from orchid_hf import optimize_for_inference
 
@@ -188,10 +227,79 @@ def build_model(impl: str, quick: bool, length: int, reference=None, layers: int
     return model
 
 
+def build_masked_lm(impl: str, quick: bool, length: int, reference=None, layers: int | None = None) -> nn.Module:
+    """The train part's model: ``OrchidForMaskedLM`` of orchid-bert-base's size (``orchid_reference``: that version's
+    own class) or ``BertForMaskedLM`` of the same sizes, both without dropout (see the module docstring: with dropout
+    SDPA on the CPU takes its math path, with L x L scores)."""
+    if impl == "bert":
+        from transformers import BertForMaskedLM
+
+        config = bert_config(quick, length, layers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return BertForMaskedLM(config)
+    package = reference
+    if impl != "orchid_reference":
+        import orchid_hf as package
+    if not hasattr(package, "OrchidForMaskedLM"):
+        raise ValueError(f"the {impl} model code ({package.__name__}) has no OrchidForMaskedLM")
+    return package.OrchidForMaskedLM(orchid_config(package, quick, length, layers, hidden_dropout_prob=0.0))
+
+
+def mlm_batch(vocab_size: int, batch: int, length: int, device: str = "cpu", seed: int = 0):
+    """Random token ids of shape (batch, length) and MLM labels: MLM_PROBABILITY of the positions (at least one) carry
+    their token as label, the rest -100. Drawn from a generator of their own, so that every model gets the same batch
+    whatever its initialisation drew before."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab_size, (batch, length), generator=generator)
+    labelled = torch.rand(batch, length, generator=generator) < MLM_PROBABILITY
+    labelled.view(-1)[0] = True  # a loss over no position would be NaN
+    labels = torch.where(labelled, input_ids, torch.full_like(input_ids, -100))
+    return input_ids.to(device), labels.to(device)
+
+
+def synchronizer(device: torch.device | str) -> Callable[[], None]:
+    """What a step calls last: on a GPU it waits for the kernels, so that wall time is the call's time."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
+def make_train_step(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor):
+    """Two closures over a model in train mode and its AdamW optimizer (torch's defaults, lr 1e-4): ``step`` runs the
+    forward with ``labels`` and ``loss.backward()`` on the model's own loss, starting without gradients as after
+    ``zero_grad(set_to_none=True)``; ``optimizer_step`` runs ``optimizer.step()`` and
+    ``optimizer.zero_grad(set_to_none=True)`` on the gradients the last ``step`` left."""
+    sync = synchronizer(input_ids.device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=input_ids, labels=labels).loss.backward()
+        sync()
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+
+    return step, optimizer_step
+
+
+def build_train_step(spec: dict, reference=None, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """The train part's candidate at one point (``spec``: impl, level, batch, length and sizes), as (step,
+    optimizer_step): the masked-LM model's training step and its optimizer step, or the operator's forward + backward
+    (``make_step``) and None."""
+    batch, length = spec["batch"], spec["length"]
+    if spec["level"] == "model":
+        model = build_masked_lm(spec["impl"], spec["quick"], length, reference, spec.get("layers")).to(device, dtype)
+        return make_train_step(model, *mlm_batch(model.config.vocab_size, batch, length, device))
+    module = build_operator(spec["impl"], spec["hidden"], spec["heads"], length, reference).to(device, dtype)
+    inputs = torch.randn(batch, length, spec["hidden"], device=device, dtype=dtype)
+    return make_step(module, "forward_backward", inputs, is_model=False), None
+
+
 def make_step(module: nn.Module, mode: str, inputs: torch.Tensor, is_model: bool) -> Callable[[], None]:
     """A closure that runs one forward call (inference mode, eval) or one forward + backward call (train mode, a random
     output gradient); on a GPU it waits for the kernels, so that wall time is the call's time."""
-    sync = torch.cuda.synchronize if inputs.device.type == "cuda" else (lambda: None)
+    sync = synchronizer(inputs.device)
 
     def output(x: torch.Tensor) -> torch.Tensor:
         return module(input_ids=x).last_hidden_state if is_model else module(x)
@@ -274,18 +382,22 @@ def rss_peak_bytes(fn: Callable[[], None]) -> int:
 
 
 class WorkerState:
-    """What a worker process holds: the candidate built for the current point, and its step."""
+    """What a worker process holds: the candidate built for the current point, its step, and in the train part its
+    optimizer step (run after every profiled or timed step, and timed on its own)."""
 
     def __init__(self, settings: dict):
         torch.set_num_threads(settings["threads"])
         self.device = settings["device"]
         self.dtype = getattr(torch, settings["dtype"])
         self.reference = load_modeling(settings["reference"]) if settings.get("reference") else None
-        self.step = None
+        self.step = self.optimizer_step = None
 
     def build(self, spec: dict) -> dict:
-        self.step = None
+        self.step = self.optimizer_step = None
         torch.manual_seed(0)
+        if spec["part"] == "train":
+            self.step, self.optimizer_step = build_train_step(spec, self.reference, self.device, self.dtype)
+            return {}
         if spec["part"] == "model":
             module = build_model(spec["impl"], spec["quick"], spec["length"], self.reference, spec.get("layers"))
             module = module.to(self.device, self.dtype)
@@ -297,6 +409,14 @@ class WorkerState:
         self.step = make_step(module, spec["mode"], inputs, is_model=spec["part"] == "model")
         return {}
 
+    def _then_optimizer(self, reply: dict) -> dict:
+        """After a step of the train part, the optimizer step on its gradients, timed apart (``optimizer_s``)."""
+        if self.optimizer_step is not None:
+            start = time.perf_counter()
+            self.optimizer_step()
+            reply["optimizer_s"] = time.perf_counter() - start
+        return reply
+
     def handle(self, request: dict) -> dict:
         op = request["op"]
         if op == "build":
@@ -304,15 +424,15 @@ class WorkerState:
         if op == "time":
             start = time.perf_counter()
             self.step()
-            return {"seconds": time.perf_counter() - start}
+            return self._then_optimizer({"seconds": time.perf_counter() - start})
         if op == "profile":
             start = time.perf_counter()
             peak = peak_bytes(self.step, self.device)
-            return {"peak_bytes": peak, "seconds": time.perf_counter() - start}
+            return self._then_optimizer({"peak_bytes": peak, "seconds": time.perf_counter() - start})
         if op == "rss":
             return {"rss_peak_bytes": rss_peak_bytes(self.step)}
         if op == "release":
-            self.step = None
+            self.step = self.optimizer_step = None
             return {}
         raise ValueError(f"unknown worker request {op!r}")
 
@@ -423,7 +543,7 @@ def interleaved_times(
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     start = time.perf_counter()
-    for round_index in range(repeats):
+    for round_index in range(repeats if names else 0):  # none where every candidate at a point failed
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             times[name].append(steps[name]())
@@ -436,7 +556,10 @@ def measure_point(workers: Workers, impls: list[str], spec: dict, cfg: dict) -> 
     """Build every candidate at one point in its worker, run its warm-up call under the profiler (peak memory), then
     time all of them in interleaved rounds. A candidate whose warm-up took longer than ``max_call_s`` is timed by that
     single call (``single_call``): at that scale one more call would cost minutes and first-call effects are small.
-    A candidate that fails to build or to run its warm-up (out of memory, typically) is reported as ``failed``."""
+    A candidate that fails to build or to run its warm-up (out of memory, typically) is reported as ``failed``.
+    Where the worker also runs an optimizer step after each call (the train part), its times are ``optimizer_times_s``:
+    those after the timed calls, or the one after a ``single_call`` warm-up (otherwise the warm-up's is left out, as
+    the optimizer's first step allocates its state)."""
     out, timed = {}, {}
     for impl in impls:
         try:
@@ -451,9 +574,18 @@ def measure_point(workers: Workers, impls: list[str], spec: dict, cfg: dict) -> 
         out[impl] = {"peak_bytes": warmup["peak_bytes"], "warmup_s": warmup["seconds"], "single_call": single}
         if single:
             out[impl]["times_s"] = [warmup["seconds"]]
+            if "optimizer_s" in warmup:
+                out[impl]["optimizer_times_s"] = [warmup["optimizer_s"]]
         else:
             timed[impl] = worker
-    steps = {impl: (lambda worker=worker: worker.request("time")["seconds"]) for impl, worker in timed.items()}
+
+    def timed_call(impl: str, worker: Worker) -> float:
+        reply = worker.request("time")
+        if "optimizer_s" in reply:
+            out[impl].setdefault("optimizer_times_s", []).append(reply["optimizer_s"])
+        return reply["seconds"]
+
+    steps = {impl: (lambda impl=impl, worker=worker: timed_call(impl, worker)) for impl, worker in timed.items()}
     for impl, times in interleaved_times(steps, cfg["repeats"], cfg["min_repeats"], cfg["point_budget_s"]).items():
         out[impl]["times_s"] = times
     for impl, worker in timed.items():
@@ -543,7 +675,7 @@ def load_average() -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# The two parts
+# The three parts
 # ---------------------------------------------------------------------------------------------
 
 
@@ -559,9 +691,13 @@ def _predicted_time(records: list[dict], impl: str, mode: str, length: int) -> f
     return None if fit is None else math.exp(fit[1]) * length ** fit[0]
 
 
-def candidates(cfg: dict, part: str, mode: str) -> list[str]:
-    """The candidates of a part in a mode: the optimised model does not train; the reference where one is given."""
-    impls = list(cfg["operator_impls"] if part == "operator" else cfg["model_impls"])
+def candidates(cfg: dict, part: str, mode: str, level: str | None = None) -> list[str]:
+    """The candidates of a part in a mode (in the train part, at a level: model or operator): the optimised model does
+    not train; the reference where one is given."""
+    if part == "train":
+        impls = list(TRAIN_IMPLS[level])
+    else:
+        impls = list(cfg["operator_impls"] if part == "operator" else cfg["model_impls"])
     if cfg["reference"]:
         impls.insert(impls.index("orchid") + 1, "orchid_reference")
     return [impl for impl in impls if not (impl == "orchid_optimized" and mode != "forward")]
@@ -601,13 +737,9 @@ def run_operator_part(cfg: dict, workers: Workers, log: Callable[[str], None],
                     records.append(failed_record("operator", impl, mode, batch, length, m["failed"], hidden=hidden))
                     log(f"operator {mode:16s} L={length:6d} {impl:18s} failed: {m['failed']}")
                     continue
-                median = statistics.median(m["times_s"])
-                records.append(
-                    dict(part="operator", impl=impl, mode=mode, batch=batch, length=length, hidden=hidden,
-                         time_s=median, times_s=m["times_s"], peak_bytes=m["peak_bytes"],
-                         later_peak_bytes=m.get("later_peak_bytes"), rss_peak_bytes=m.get("rss_peak_bytes"),
-                         single_call=m["single_call"], extrapolated=False, load=[load_before, load_after])
-                )
+                records.append(point_record("operator", impl, mode, batch, length, m, [load_before, load_after],
+                                            hidden=hidden))
+                median = records[-1]["time_s"]
                 log(f"operator {mode:16s} L={length:6d} {impl:18s} {1e3 * median:10.1f} ms "
                     f"(n={len(m['times_s'])})  peak {m['peak_bytes'] / 2**20:9.1f} MiB  "
                     f"load {load_before}->{load_after}")
@@ -624,6 +756,22 @@ def failed_record(part: str, impl: str, mode: str, batch: int, length: int, reas
     return dict(part=part, impl=impl, mode=mode, batch=batch, length=length, time_s=None, times_s=[],
                 peak_bytes=None, later_peak_bytes=None, rss_peak_bytes=None, single_call=False, extrapolated=False,
                 failed=reason, **fields)
+
+
+def point_record(part: str, impl: str, mode: str, batch: int, length: int, m: dict, load: list[float],
+                 **fields) -> dict:
+    """The record of one candidate at one point from what ``measure_point`` measured (``m``): the median of its
+    times, its peak memory and, in the train part, the median of its optimizer steps; or a failed record."""
+    if "failed" in m:
+        return failed_record(part, impl, mode, batch, length, m["failed"], **fields)
+    record = dict(part=part, impl=impl, mode=mode, batch=batch, length=length, time_s=statistics.median(m["times_s"]),
+                  times_s=m["times_s"], peak_bytes=m["peak_bytes"], later_peak_bytes=m.get("later_peak_bytes"),
+                  rss_peak_bytes=m.get("rss_peak_bytes"), single_call=m["single_call"], extrapolated=False,
+                  load=load, **fields)
+    if m.get("optimizer_times_s"):
+        record.update(optimizer_time_s=statistics.median(m["optimizer_times_s"]),
+                      optimizer_times_s=m["optimizer_times_s"])
+    return record
 
 
 def _extrapolate(records: list[dict], mode: str, lengths: list[int], stopped: dict[str, str]) -> list[dict]:
@@ -661,21 +809,50 @@ def run_model_part(cfg: dict, workers: Workers, log: Callable[[str], None],
             measured = measure_point(workers, impls, spec, cfg)
             load_after = load_average()
             for impl in impls:
-                m = measured[impl]
-                if "failed" in m:
-                    records.append(failed_record("model", impl, mode, batch, length, m["failed"]))
-                    continue
-                records.append(
-                    dict(part="model", impl=impl, mode=mode, batch=batch, length=length,
-                         time_s=statistics.median(m["times_s"]), times_s=m["times_s"], peak_bytes=m["peak_bytes"],
-                         later_peak_bytes=m.get("later_peak_bytes"), rss_peak_bytes=m.get("rss_peak_bytes"),
-                         single_call=m["single_call"], extrapolated=False, load=[load_before, load_after])
-                )
-            point = records[-len(impls):]
-            log(f"model {mode} (B={batch}, L={length}): "
-                + ", ".join(f"{r['impl']} failed ({r['failed']})" if r.get("failed") else
-                            f"{r['impl']} {1e3 * r['time_s']:.1f} ms" for r in point)
-                + f", load {load_before}->{load_after}")
+                records.append(point_record("model", impl, mode, batch, length, measured[impl],
+                                            [load_before, load_after]))
+            log(f"model {mode} (B={batch}, L={length}): {point_summary(records[-len(impls):])}, "
+                f"load {load_before}->{load_after}")
+            save(records)
+    return records
+
+
+def point_summary(point: list[dict]) -> str:
+    """One point's records for the log: each candidate's time (and optimizer step), or why it failed."""
+    def one(r: dict) -> str:
+        if r.get("failed"):
+            return f"{r['impl']} failed ({r['failed']})"
+        optimizer = f" + optimizer {1e3 * r['optimizer_time_s']:.1f} ms" if r.get("optimizer_time_s") else ""
+        return f"{r['impl']} {1e3 * r['time_s']:.1f} ms{optimizer}"
+
+    return ", ".join(one(r) for r in point)
+
+
+def run_train_part(cfg: dict, workers: Workers, log: Callable[[str], None],
+                   save: Callable[[list[dict]], None]) -> list[dict]:
+    """A training step at the configured shapes: OrchidForMaskedLM (and the reference version) vs BertForMaskedLM,
+    forward + backward and the optimizer step; then the operator alone vs attention, forward + backward. One record
+    per (level, impl, shape)."""
+    records: list[dict] = []
+    mode = "forward_backward"
+    for level in TRAIN_LEVELS:
+        impls = candidates(cfg, "train", mode, level)
+        fields = dict(level=level) if level == "model" else dict(level=level, hidden=cfg["hidden"])
+        for batch, length in cfg["train_shapes"]:
+            load_before = load_average()
+            spec = dict(part="train", level=level, mode=mode, length=length, batch=batch, quick=cfg["quick"],
+                        layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"])
+            measured = measure_point(workers, impls, spec, cfg)
+            load_after = load_average()
+            for impl in impls:
+                record = point_record("train", impl, mode, batch, length, measured[impl], [load_before, load_after],
+                                      **fields)
+                if level == "model":
+                    record.setdefault("optimizer_time_s", None)
+                    record.setdefault("optimizer_times_s", [])
+                records.append(record)
+            log(f"train {level} (B={batch}, L={length}): {point_summary(records[-len(impls):])}, "
+                f"load {load_before}->{load_after}")
             save(records)
     return records
 
@@ -686,7 +863,7 @@ def run_model_part(cfg: dict, workers: Workers, log: Callable[[str], None],
 
 
 def summarize(records: list[dict], cfg: dict) -> dict:
-    summary: dict = {"exponents": {}, "model_speedups": {}, "memory_ratios": {}, "targets": {}}
+    summary: dict = {"exponents": {}, "model_speedups": {}, "memory_ratios": {}, "train_speedups": {}, "targets": {}}
     lo, hi = cfg["exponent_range"]
     for impl in dict.fromkeys(r["impl"] for r in records if r["part"] == "operator"):
         for mode in cfg["modes"]:
@@ -744,13 +921,63 @@ def summarize(records: list[dict], cfg: dict) -> dict:
                         "length": memory_length,
                         "attention_extrapolated": point[attention]["extrapolated"],
                     }
+    summarize_train(records, summary)
     return summary
 
 
-def format_speedup(speedup: float, target: float | None = None) -> str:
-    """``7.47x``, with more decimals where two would show a missed target as reached: 5.997x, not 6.00x."""
+def summarize_train(records: list[dict], summary: dict) -> None:
+    """The train part's ratios against the baseline of each level (BertForMaskedLM, attention) at every shape where
+    both were measured: ``speedup`` (baseline's forward + backward time / the candidate's), ``memory_ratio`` (the
+    candidate's peak / the baseline's), ``optimizer_speedup``; ``reference_ratio`` against the reference version; and
+    the targets of TRAIN_TARGET_SPEEDUPS and TRAIN_TARGET_MEMORY_RATIOS for the plain model, from unrounded ratios."""
+    train = [r for r in measured(records) if r["part"] == "train"]
+    targets = summary["targets"]
+    for level in TRAIN_LEVELS:
+        own = [r for r in train if r["level"] == level]
+        baseline = TRAIN_BASELINES[level]
+        for batch, length in dict.fromkeys((r["batch"], r["length"]) for r in own):
+            shape = f"{batch}x{length}"
+            point = {r["impl"]: r for r in own if (r["batch"], r["length"]) == (batch, length)}
+            ratios = {}
+            if baseline in point:
+                base = point[baseline]
+                for impl, r in point.items():
+                    if impl == baseline:
+                        continue
+                    ratios[impl] = {"speedup": round(base["time_s"] / r["time_s"], 3),
+                                    "memory_ratio": round(r["peak_bytes"] / max(base["peak_bytes"], 1), 3)}
+                    if r.get("optimizer_time_s") and base.get("optimizer_time_s"):
+                        ratios[impl]["optimizer_speedup"] = round(base["optimizer_time_s"] / r["optimizer_time_s"], 3)
+                if level == "model" and "orchid" in point:
+                    # From the unrounded ratios: 4.9996x must not count as 5x.
+                    orchid = point["orchid"]
+                    target = TRAIN_TARGET_SPEEDUPS.get((batch, length))
+                    if target is not None:
+                        name = f"orchid training step (forward + backward) {shape} >= {target}x BertForMaskedLM"
+                        targets[name] = base["time_s"] / orchid["time_s"] >= target
+                    bound = TRAIN_TARGET_MEMORY_RATIOS.get((batch, length))
+                    if bound is not None:
+                        name = f"orchid training peak memory {shape} <= {bound}x BertForMaskedLM"
+                        targets[name] = orchid["peak_bytes"] / max(base["peak_bytes"], 1) <= bound
+            if "orchid_reference" in point:
+                reference = point["orchid_reference"]["time_s"]
+                ratios["reference_ratio"] = {impl: round(reference / r["time_s"], 3)
+                                             for impl, r in point.items() if impl.startswith("orchid")}
+            if ratios:
+                summary["train_speedups"].setdefault(level, {})[shape] = ratios
+
+
+def format_speedup(speedup: float, target: float | None = None, at_most: bool = False) -> str:
+    """``7.47x``, with more decimals where two would show a missed target as reached: 5.997x, not 6.00x; with
+    ``at_most`` the target is an upper bound (a memory ratio): 0.5004x, not 0.50x."""
+
+    def hidden_miss(decimals: int) -> bool:
+        if at_most:
+            return speedup > target >= round(speedup, decimals)
+        return speedup < target <= round(speedup, decimals)
+
     decimals = 2
-    while target is not None and speedup < target <= round(speedup, decimals) and decimals < 6:
+    while target is not None and hidden_miss(decimals) and decimals < 6:
         decimals += 1
     return f"{speedup:.{decimals}f}x"
 
@@ -847,15 +1074,84 @@ def markdown_report(result: dict) -> str:
         lines += failure_notes([r for r in model if r["mode"] == mode])
         if any(r.get("single_call") for r in model if r["mode"] == mode):
             lines += ["¹ a single call (the profiled warm-up): at this size one call takes minutes.", ""]
+    lines += train_markdown([r for r in records if r["part"] == "train"], cfg)
     if summary["targets"]:
         lines += ["## Targets", ""] + [f"- {'met' if ok else 'NOT met'}: {name}"
                                        for name, ok in summary["targets"].items()] + [""]
     return "\n".join(lines)
 
 
-def failure_notes(records: list[dict]) -> list[str]:
+def train_markdown(records: list[dict], cfg: dict) -> list[str]:
+    """The train part's tables: per level, each shape's forward + backward times, the speed-ups over the baseline (the
+    plain model's against its target), the optimizer steps (model level), peak memory and its ratio to the
+    baseline's."""
+    lines: list[str] = []
+    for level in TRAIN_LEVELS:
+        own = [r for r in records if r["level"] == level]
+        if not own:
+            continue
+        labels = MLM_LABELS if level == "model" else IMPL_LABELS
+        baseline = TRAIN_BASELINES[level]
+        impls = list(dict.fromkeys(r["impl"] for r in own))
+        orchids = [impl for impl in impls if impl != baseline]
+        header = ["(B, L)"] + [f"{labels[i]} ms" for i in impls] + [f"{labels[i]} speed-up" for i in orchids]
+        if level == "model":
+            header += [f"{labels[i]} optimizer step ms" for i in impls]
+        header += [f"{labels[i]} MiB" for i in impls] + [f"{labels[i]} memory / {labels[baseline]}" for i in orchids]
+        header.append("load")
+        if level == "model":
+            lines += [f"## Training step, model, {cfg['dtype']}, {cfg['layers']} layers, dropout 0: "
+                      f"{labels['orchid']} vs {labels[baseline]}", "",
+                      f"Forward + backward of the model's own MLM loss ({MLM_PROBABILITY:.0%} of the positions "
+                      "labelled), then apart the AdamW step (`optimizer.step()` and `zero_grad(set_to_none=True)`); "
+                      "MiB: the peak of the forward + backward call.", ""]
+        else:
+            lines += [f"## Training step, operator alone, forward + backward (hidden {cfg['hidden']}): "
+                      f"{labels['orchid']} vs {labels[baseline]}", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for batch, length in dict.fromkeys((r["batch"], r["length"]) for r in own):
+            point = {r["impl"]: r for r in own if (r["batch"], r["length"]) == (batch, length)}
+            targeted = level == "model"
+            speed_target = TRAIN_TARGET_SPEEDUPS.get((batch, length)) if targeted else None
+            memory_bound = TRAIN_TARGET_MEMORY_RATIOS.get((batch, length)) if targeted else None
+            cells = [f"({batch}, {length})"]
+            cells += [_train_cell(point, i, "time_s", _ms) + ("¹" if point.get(i, {}).get("single_call") else "")
+                      for i in impls]
+            cells += [_train_ratio(point, i, baseline, "time_s", speed_target) for i in orchids]
+            if level == "model":
+                cells += [_train_cell(point, i, "optimizer_time_s", _ms) for i in impls]
+            cells += [_train_cell(point, i, "peak_bytes", _mib) for i in impls]
+            cells += [_train_ratio(point, i, baseline, "peak_bytes", memory_bound) for i in orchids]
+            load = next((r["load"] for r in point.values() if r.get("load")), None)
+            cells.append("-" if load is None else f"{load[0]}-{load[1]}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        lines += failure_notes(own, labels)
+        if any(r.get("single_call") for r in own):
+            lines += ["¹ a single call (the profiled warm-up; the optimizer step after it): at this size one call "
+                      "takes minutes.", ""]
+    return lines
+
+
+def _train_cell(point: dict[str, dict], impl: str, key: str, fmt: Callable) -> str:
+    record = point.get(impl)
+    return "-" if record is None else "failed²" if record.get("failed") else fmt(record.get(key))
+
+
+def _train_ratio(point: dict[str, dict], impl: str, baseline: str, key: str, target: float | None) -> str:
+    """A candidate's ratio to the baseline at a point: of times as a speed-up (baseline / candidate), of peak memory as
+    a fraction (candidate / baseline), the plain Orchid's shown against its target."""
+    record, base = point.get(impl), point.get(baseline)
+    if not (record and base and record.get(key) and base.get(key)):  # failed, or not measured
+        return "-"
+    memory = key == "peak_bytes"
+    value = record[key] / base[key] if memory else base[key] / record[key]
+    return format_speedup(value, target if impl == "orchid" else None, at_most=memory)
+
+
+def failure_notes(records: list[dict], labels: dict[str, str] = IMPL_LABELS) -> list[str]:
     """The footnote that says why the candidates marked ``failed²`` failed."""
-    failures = [f"{IMPL_LABELS[r['impl']]} at (B={r['batch']}, L={r['length']}): {r['failed']}"
+    failures = [f"{labels[r['impl']]} at (B={r['batch']}, L={r['length']}): {r['failed']}"
                 for r in records if r.get("failed")]
     return ["² failed: " + "; ".join(failures) + ".", ""] if failures else []
 
@@ -905,31 +1201,46 @@ def plot(result: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Profiles (--profile)
+# Profiles (--profile, --profile-train)
 # ---------------------------------------------------------------------------------------------
 
 
-def profile_operator(impl: str, batch: int, length: int, cfg: dict, reference=None, calls: int = 3) -> str:
-    """A Markdown table of the aten ops that cost most in ``calls`` forward calls of one operator (after a warm-up), by
-    self CPU time: where the time goes, op by op."""
+def profile_table(title: str, step: Callable[[], None], calls: int = 3, rows: int = 15) -> str:
+    """A Markdown table of the ops that cost most in ``calls`` calls of ``step`` (after a warm-up), by self CPU time:
+    where the time goes, op by op; ``title`` is followed by the time per call."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(0)
-    module = build_operator(impl, cfg["hidden"], cfg["heads"], length, reference).to(cfg["device"], cfg["dtype"])
-    x = torch.randn(batch, length, cfg["hidden"], device=cfg["device"], dtype=cfg["dtype"])
-    step = make_step(module, "forward", x, is_model=False)
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             step()
     averages = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in averages)
-    lines = [f"### {IMPL_LABELS[impl]}, (B={batch}, L={length}): {total / 1e3 / calls:,.1f} ms per call", "",
+    lines = [f"### {title}: {total / 1e3 / calls:,.1f} ms per call", "",
              "| op | ms per call | share | calls per call |", "|---|---|---|---|"]
-    for event in averages[:15]:
+    for event in averages[:rows]:
         lines.append(f"| {event.key} | {event.self_cpu_time_total / 1e3 / calls:,.2f} | "
-                     f"{100 * event.self_cpu_time_total / total:.1f}% | {event.count // calls} |")
+                     f"{100 * event.self_cpu_time_total / max(total, 1):.1f}% | {event.count // calls} |")
     return "\n".join(lines + [""])
+
+
+def profile_operator(impl: str, batch: int, length: int, cfg: dict, reference=None, calls: int = 3) -> str:
+    """The profile table of ``calls`` forward calls of one operator."""
+    torch.manual_seed(0)
+    module = build_operator(impl, cfg["hidden"], cfg["heads"], length, reference).to(cfg["device"], cfg["dtype"])
+    x = torch.randn(batch, length, cfg["hidden"], device=cfg["device"], dtype=cfg["dtype"])
+    step = make_step(module, "forward", x, is_model=False)
+    return profile_table(f"{IMPL_LABELS[impl]}, (B={batch}, L={length})", step, calls)
+
+
+def profile_train(impl: str, batch: int, length: int, cfg: dict, reference=None, calls: int = 3) -> str:
+    """The profile table of ``calls`` training steps (forward + backward of the MLM loss, as the train part times them;
+    not the optimizer) of the masked-LM model ``impl``: orchid or orchid_reference."""
+    torch.manual_seed(0)
+    spec = dict(impl=impl, level="model", batch=batch, length=length, quick=cfg["quick"], layers=cfg["layers"])
+    step, _ = build_train_step(spec, reference, cfg["device"], cfg["dtype"])
+    title = f"{MLM_LABELS[impl]}, training step (forward + backward), {cfg['layers']} layers, (B={batch}, L={length})"
+    return profile_table(title, step, calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -937,7 +1248,7 @@ def profile_operator(impl: str, batch: int, length: int, cfg: dict, reference=No
 # ---------------------------------------------------------------------------------------------
 
 
-PARTS = ("operator", "model")
+PARTS = ("operator", "model", "train")
 
 
 def parse_lengths(text: str, field: str = "lengths") -> list[int]:
@@ -999,7 +1310,11 @@ def build_config(args: argparse.Namespace) -> dict:
     if args.model_shapes:
         shapes = parse_shapes(args.model_shapes)
     else:
-        shapes = [(2, 32), (1, 128)] if quick else list(MODEL_SHAPES)
+        shapes = list(QUICK_SHAPES if quick else MODEL_SHAPES)
+    if args.train_shapes:
+        train_shapes = parse_shapes(args.train_shapes, "train_shapes")
+    else:
+        train_shapes = list(QUICK_SHAPES if quick else TRAIN_SHAPES)
     return dict(
         quick=quick,
         parts=parts,
@@ -1011,8 +1326,10 @@ def build_config(args: argparse.Namespace) -> dict:
         operator_impls=list(OPERATOR_IMPLS),
         model_impls=list(MODEL_IMPLS),
         model_shapes=shapes,
+        train_shapes=train_shapes,
         layers=args.layers if args.layers else (2 if quick else 12),
         profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
+        profile_train_shapes=parse_shapes(args.profile_train, "profile_train") if args.profile_train else [],
         repeats=args.repeats if args.repeats else (2 if quick else 7),
         min_repeats=2 if quick else 3,
         point_budget_s=args.point_budget_s,
@@ -1062,15 +1379,22 @@ def run(args: argparse.Namespace) -> dict:
         (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
         (out_dir / f"{stem}.md").write_text(markdown_report(result))
 
-    if cfg["profile_shapes"]:
+    if cfg["profile_shapes"] or cfg["profile_train_shapes"]:
         reference = load_modeling(cfg["reference"]) if cfg["reference"] else None
+        references = ["orchid_reference"] if reference is not None else []
         tables = []
         for batch, length in cfg["profile_shapes"]:
-            for impl in ["orchid", "orchid_optimized"] + (["orchid_reference"] if reference is not None else []):
+            for impl in ["orchid", "orchid_optimized"] + references:
                 tables.append(profile_operator(impl, batch, length, cfg, reference))
                 log(f"profiled {impl} at (B={batch}, L={length})")
-        header = (f"# Operator profiles ({args.tag or 'untagged'})\n\nCommand: `{result['command']}`; "
-                  f"{cfg['threads']} thread(s), load average {load_average()}. Self CPU time of each aten op.\n\n")
+        for batch, length in cfg["profile_train_shapes"]:
+            for impl in ["orchid"] + references:
+                tables.append(profile_train(impl, batch, length, cfg, reference))
+                log(f"profiled the training step of {impl} at (B={batch}, L={length})")
+                if not args.silent:
+                    print(tables[-1], flush=True)
+        header = (f"# Profiles ({args.tag or 'untagged'})\n\nCommand: `{result['command']}`; "
+                  f"{cfg['threads']} thread(s), load average {load_average()}. Self CPU time of each op.\n\n")
         (out_dir / f"profile{('_' + args.tag) if args.tag else ''}.md").write_text(header + "\n".join(tables))
         return result
     workers = Workers(cfg)
@@ -1079,6 +1403,8 @@ def run(args: argparse.Namespace) -> dict:
             done += run_operator_part(cfg, workers, log, save)
         if "model" in cfg["parts"]:
             done += run_model_part(cfg, workers, log, save)
+        if "train" in cfg["parts"]:
+            done += run_train_part(cfg, workers, log, save)
     finally:
         workers.close()
     save([], final=True)
@@ -1092,13 +1418,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test in seconds")
-    parser.add_argument("--parts", default="operator,model", help="comma-separated: operator, model")
+    parser.add_argument("--parts", default="operator,model",
+                        help="comma-separated: operator, model, train (a training step: OrchidForMaskedLM vs "
+                             "BertForMaskedLM with the AdamW step, and the operator alone vs attention; default "
+                             "operator,model)")
     parser.add_argument("--lengths", default=None, help="operator lengths, e.g. 1024,4096 (default 2^10..2^17)")
     parser.add_argument("--model-shapes", default=None, help="e.g. 8x128,1x4096 (default: the three targets)")
     parser.add_argument("--model-modes", default="forward",
                         help="comma-separated: forward, forward_backward (a training step without the optimizer)")
+    parser.add_argument("--train-shapes", default=None, metavar="SHAPES",
+                        help="shapes of the train part, e.g. 8x128,1x4096 (default 8x128,32x128,1x4096,1x16384)")
     parser.add_argument("--layers", type=int, default=None,
-                        help="depth of both models of the model part (default: orchid-bert-base's 12; 2 with --quick)")
+                        help="depth of both models of the model and train parts (default: orchid-bert-base's 12; 2 "
+                             "with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per point (default 7)")
     parser.add_argument("--point-budget-s", type=float, default=60.0,
                         help="stop repeating a point after this many seconds (at least 3 rounds)")
@@ -1115,8 +1447,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="another version's model code, timed as candidate orchid_reference: a checkout holding "
                              "modeling/ (e.g. git worktree add ../orchid-old REV) or the modeling/ folder itself")
     parser.add_argument("--profile", default=None, metavar="SHAPES",
-                        help="instead of timing, profile the operator (and the reference) at shapes like "
+                        help="instead of timing, profile the operator's forward (and the reference's) at shapes like "
                              "8x128,1x4096 and write profile_TAG.md")
+    parser.add_argument("--profile-train", default=None, metavar="SHAPES",
+                        help="instead of timing, profile OrchidForMaskedLM's training step (forward + backward of the "
+                             "MLM loss; and the reference's) at shapes like 8x128,1x4096: the top ops by self CPU "
+                             "time, printed and written to profile_TAG.md (with --profile's tables if both are given)")
     parser.add_argument("--rss", action="store_true", help="also measure each call's peak RSS growth")
     parser.add_argument("--out-dir", default="outputs/bench")
     parser.add_argument("--tag", default="", help="suffix of the output files, e.g. before / after")

@@ -1,5 +1,6 @@
 """The benchmark at tiny sizes (correctness only: no timing is asserted anywhere): candidates in worker processes of
-their own, an older version of the model code as reference, reports, and arguments checked before anything runs."""
+their own, an older version of the model code as reference, the training step, reports, and arguments checked before
+anything runs."""
 
 import json
 import shutil
@@ -125,6 +126,7 @@ def test_interleaved_rounds_start_with_each_candidate_in_turn():
     times = benchmark.interleaved_times(steps, repeats=4, min_repeats=4, budget_s=1e9)
     assert calls == list("abc" "bca" "cab" "abc")
     assert times == {"a": [1.0] * 4, "b": [1.0] * 4, "c": [1.0] * 4}
+    assert benchmark.interleaved_times({}, repeats=4, min_repeats=2, budget_s=1e9) == {}  # every candidate failed
 
 
 def test_operator_memory_grows_with_length_and_attention_math_fastest():
@@ -193,7 +195,8 @@ def test_a_speedup_just_below_its_target_is_shown_and_counted_as_missed():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--parts", "operatr"], "parts must be comma-separated names from ('operator', 'model'), got 'operatr'"),
+        (["--parts", "operatr"],
+         "parts must be comma-separated names from ('operator', 'model', 'train'), got 'operatr'"),
         (["--parts", "model,"], "parts must be"),
         (["--model-modes", "train"], "model_modes must be comma-separated names from ('forward', 'forward_backward')"),
         (["--lengths", "1024,-4"], "lengths must be comma-separated positive integers, e.g. 1024,4096; got '1024,-4'"),
@@ -201,6 +204,10 @@ def test_a_speedup_just_below_its_target_is_shown_and_counted_as_missed():
         (["--model-shapes", "8x128,1x"], "model_shapes must be comma-separated BxL with positive B and L"),
         (["--model-shapes", "8x0"], "model_shapes must be"),
         (["--profile", "1x4096x2"], "profile must be comma-separated BxL"),
+        (["--train-shapes", "8x128,1x"], "train_shapes must be comma-separated BxL with positive B and L"),
+        (["--train-shapes", "0x16"], "train_shapes must be"),
+        (["--parts", "train", "--train-shapes", "8,128"], "train_shapes must be"),
+        (["--profile-train", "2x16x1"], "profile_train must be comma-separated BxL"),
         (["--repeats", "0"], "repeats must be at least 1, got 0"),
         (["--threads", "0"], "threads must be at least 1, got 0"),
         (["--max-call-s", "0"], "max_call_s must be positive, got 0.0"),
@@ -228,3 +235,161 @@ def test_a_cuda_device_without_cuda_is_refused_with_a_clear_message(monkeypatch)
 def test_shapes_and_lengths_parse():
     assert benchmark.parse_shapes("8x128,1x4096") == [(8, 128), (1, 4096)]
     assert benchmark.parse_lengths("1024,4096") == [1024, 4096]
+
+
+# ---------------------------------------------------------------------------------------------
+# The train part
+# ---------------------------------------------------------------------------------------------
+
+
+def test_train_part_runs_at_tiny_sizes_and_reports_every_candidate_and_shape(tmp_path, reference_checkout):
+    shapes = [(2, 16), (1, 32)]
+    result = benchmark.main(["--quick", "--parts", "train", "--train-shapes", "2x16,1x32", "--repeats", "2",
+                             "--out-dir", str(tmp_path), "--tag", "train", "--silent",
+                             "--reference", str(reference_checkout)])
+    records = result["records"]
+    assert {r["part"] for r in records} == {"train"}
+    found = sorted((r["level"], r["impl"], r["batch"], r["length"]) for r in records)
+    assert found == sorted((level, impl, *shape) for level, impls in benchmark.TRAIN_IMPLS.items()
+                           for impl in (*impls, "orchid_reference") for shape in shapes)
+    for record in records:
+        assert not record.get("failed") and record["mode"] == "forward_backward"
+        assert len(record["times_s"]) == 2 and all(t > 0 for t in record["times_s"])
+        assert record["time_s"] == pytest.approx(sum(record["times_s"]) / 2)  # the median of two rounds
+        assert record["peak_bytes"] > 0
+        if record["level"] == "model":  # the optimizer step after each timed backward, timed apart
+            assert len(record["optimizer_times_s"]) == 2 and all(t > 0 for t in record["optimizer_times_s"])
+            assert record["optimizer_time_s"] == pytest.approx(sum(record["optimizer_times_s"]) / 2)
+        else:
+            assert "optimizer_time_s" not in record and record["hidden"] == 64
+    speedups = result["summary"]["train_speedups"]
+    for level, baseline in benchmark.TRAIN_BASELINES.items():
+        assert set(speedups[level]) == {"2x16", "1x32"}
+        for batch, length in shapes:
+            point = {r["impl"]: r for r in records if r["level"] == level and (r["batch"], r["length"]) == (batch,
+                                                                                                             length)}
+            entry = speedups[level][f"{batch}x{length}"]["orchid"]
+            assert entry["speedup"] == round(point[baseline]["time_s"] / point["orchid"]["time_s"], 3)
+            assert entry["memory_ratio"] == round(point["orchid"]["peak_bytes"] / point[baseline]["peak_bytes"], 3)
+            if level == "model":
+                assert entry["optimizer_speedup"] == round(
+                    point["bert"]["optimizer_time_s"] / point["orchid"]["optimizer_time_s"], 3)
+            reference = speedups[level][f"{batch}x{length}"]["reference_ratio"]
+            assert reference["orchid"] == round(point["orchid_reference"]["time_s"] / point["orchid"]["time_s"], 3)
+    assert result["summary"]["targets"] == {}  # no target at tiny sizes
+
+    saved = json.loads((tmp_path / "benchmark_train.json").read_text())
+    assert saved["finished"] and saved["records"] == records and saved["config"]["train_shapes"] == [[2, 16], [1, 32]]
+    markdown = (tmp_path / "benchmark_train.md").read_text()
+    model_title = ("## Training step, model, torch.float32, 2 layers, dropout 0: OrchidForMaskedLM vs "
+                   "BertForMaskedLM (SDPA)")
+    assert model_title in markdown and "OrchidForMaskedLM optimizer step ms" in markdown
+    assert "OrchidForMaskedLM, reference version ms" in markdown and "Orchid, reference version ms" in markdown
+    assert "## Training step, operator alone, forward + backward (hidden 64): Orchid vs Attention (SDPA" in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith(("| (2, 16) |", "| (1, 32) |"))]
+    assert len(rows) == 4  # two shapes at each level
+    assert not (tmp_path / "benchmark_train.png").exists()  # the plot is the operator part's
+
+
+@pytest.mark.parametrize("impl", ["orchid", "bert"])
+def test_the_training_step_backpropagates_the_models_own_loss_and_the_optimizer_steps(impl):
+    torch.manual_seed(0)
+    model = benchmark.build_masked_lm(impl, quick=True, length=16, layers=1)
+    assert type(model).__name__ == ("OrchidForMaskedLM" if impl == "orchid" else "BertForMaskedLM")
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))  # dropout off in both
+    if impl == "bert":
+        assert model.config._attn_implementation == "sdpa" and model.config.num_attention_heads == 4
+    input_ids, labels = benchmark.mlm_batch(model.config.vocab_size, 2, 16)
+    step, optimizer_step = benchmark.make_train_step(model, input_ids, labels)
+    assert model.training
+    step()
+    parameters = dict(model.named_parameters())
+    assert all(p.grad is not None for p in parameters.values())  # the loss reaches every parameter
+    assert all(torch.isfinite(p.grad).all() for p in parameters.values())
+    assert any(p.grad.abs().sum() > 0 for p in parameters.values())
+    before = {name: p.detach().clone() for name, p in parameters.items()}
+    optimizer_step()
+    assert all(p.grad is None for p in parameters.values())  # zero_grad(set_to_none=True)
+    assert any(not torch.equal(before[name], p) for name, p in parameters.items())
+    step()  # a second step starts from no gradients again
+    assert all(p.grad is not None for p in parameters.values())
+
+
+def test_the_mlm_batch_is_seeded_the_same_for_every_model_and_labels_a_share_of_positions():
+    input_ids, labels = benchmark.mlm_batch(1000, 8, 128)
+    again = benchmark.mlm_batch(1000, 8, 128)
+    assert torch.equal(input_ids, again[0]) and torch.equal(labels, again[1])
+    assert input_ids.shape == labels.shape == (8, 128) and input_ids.min() >= 1 and input_ids.max() < 1000
+    labelled = labels != -100
+    assert torch.equal(labels[labelled], input_ids[labelled])
+    assert 0.1 < labelled.float().mean() < 0.2
+    assert (benchmark.mlm_batch(1000, 1, 2)[1] != -100).any()  # never a loss over no position
+
+
+def test_a_reference_without_a_masked_lm_is_reported_as_failed_in_the_train_part(tmp_path, reference_checkout):
+    reference = benchmark.load_modeling(reference_checkout)
+    assert type(benchmark.build_masked_lm("orchid_reference", True, 16, reference)) is reference.OrchidForMaskedLM
+    older = tmp_path / "older"
+    shutil.copytree(reference_checkout / "modeling", older / "modeling")
+    with open(older / "modeling" / "__init__.py", "a") as init:
+        init.write("\ndel OrchidForMaskedLM\n")  # as a version from before the class
+    cfg = benchmark.build_config(benchmark.parse_args(["--quick", "--repeats", "2", "--reference", str(older)]))
+    workers = benchmark.Workers(cfg)
+    spec = dict(part="train", mode="forward_backward", batch=2, length=16, quick=True, layers=1, hidden=16, heads=2)
+    try:
+        out = benchmark.measure_point(workers, ["orchid_reference"], dict(spec, level="model"), cfg)
+    finally:
+        workers.close()
+    reason = "ValueError: the orchid_reference model code (orchid_reference) has no OrchidForMaskedLM"
+    assert out == {"orchid_reference": {"failed": reason}}
+    record = benchmark.point_record("train", "orchid_reference", "forward_backward", 2, 16, out["orchid_reference"],
+                                    [0.0, 0.0], level="model")
+    assert record["failed"] == reason and record["time_s"] is None and record["level"] == "model"
+
+
+def test_train_targets_count_from_unrounded_ratios_only_where_both_models_were_measured():
+    def record(impl, batch, length, time_s, peak, **fields):
+        return dict(part="train", level="model", impl=impl, mode="forward_backward", batch=batch, length=length,
+                    time_s=time_s, times_s=[time_s], peak_bytes=peak, optimizer_time_s=0.1, optimizer_times_s=[0.1],
+                    single_call=False, extrapolated=False, load=[1.0, 1.0], **fields)
+
+    records = [
+        record("orchid", 8, 128, 1.0, 100), record("bert", 8, 128, 1.39996, 90),  # 1.39996x: missed
+        record("orchid", 1, 4096, 1.0, 100), record("bert", 1, 4096, 2.5, 90),  # exactly 2.5x: met
+        record("orchid", 1, 16384, 1.0, 50_020), record("bert", 1, 16384, 6.0, 100_000),  # memory 0.5002x: missed
+        record("orchid", 32, 128, 1.0, 100), record("bert", 32, 128, 1.0, 100),  # no target at 32x128
+    ]
+    cfg = dict(exponent_range=(8192, 65536), modes=["forward"], model_shapes=[], memory_length=16384)
+    summary = benchmark.summarize(records, cfg)
+    assert summary["targets"] == {
+        "orchid training step (forward + backward) 8x128 >= 1.4x BertForMaskedLM": False,
+        "orchid training step (forward + backward) 1x4096 >= 2.5x BertForMaskedLM": True,
+        "orchid training step (forward + backward) 1x16384 >= 5.0x BertForMaskedLM": True,
+        "orchid training peak memory 1x16384 <= 0.5x BertForMaskedLM": False,
+    }
+    assert summary["train_speedups"]["model"]["8x128"]["orchid"]["speedup"] == 1.4  # rounded for the JSON
+    assert summary["train_speedups"]["model"]["1x16384"]["orchid"]["memory_ratio"] == 0.5
+    # BERT out of memory at 16K: no speed-up, no target there; the table says why.
+    records[5] = benchmark.failed_record("train", "bert", "forward_backward", 1, 16384, "killed", level="model")
+    summary = benchmark.summarize(records, cfg)
+    assert not any("16384" in name for name in summary["targets"]) and "1x16384" not in summary["train_speedups"][
+        "model"]
+    markdown = "\n".join(benchmark.train_markdown(records, dict(cfg, dtype="torch.float32", layers=12, hidden=768)))
+    assert "| (8, 128) | 1,000.0 | 1,400.0 | 1.39996x |" in markdown
+    assert "| (1, 16384) | 1,000.0 | failed² | - | 100.0 | failed² | 0.0 | failed² | - | 1.0-1.0 |" in markdown
+    assert "² failed: BertForMaskedLM (SDPA) at (B=1, L=16384): killed." in markdown
+    assert benchmark.format_speedup(0.50024, 0.5, at_most=True) == "0.5002x"
+    assert benchmark.format_speedup(0.4999, 0.5, at_most=True) == "0.50x"
+
+
+def test_profile_train_writes_a_table_of_the_training_steps_top_ops(tmp_path, capsys):
+    result = benchmark.main(["--quick", "--profile-train", "2x16", "--out-dir", str(tmp_path), "--tag", "t"])
+    assert result["records"] == []  # profiling instead of timing
+    profile = (tmp_path / "profile_t.md").read_text()
+    title = "### OrchidForMaskedLM, training step (forward + backward), 2 layers, (B=2, L=16): "
+    assert title in profile
+    rows = [line for line in profile.splitlines() if line.startswith("| ") and not line.startswith("| op |")]
+    assert len(rows) == 15 and any("Backward" in row for row in rows)  # the backward's ops are in it
+    assert all(row.rstrip(" |").split(" | ")[-1].isdigit() for row in rows)  # calls per call
+    assert title in capsys.readouterr().out  # printed too
+    assert not (tmp_path / "benchmark_t.json").exists()
