@@ -1243,6 +1243,47 @@ def profile_train(impl: str, batch: int, length: int, cfg: dict, reference=None,
     return profile_table(title, step, calls)
 
 
+def saved_bytes_per_layer(impl: str, batch: int, length: int, cfg: dict, reference=None) -> int:
+    """The bytes that autograd keeps for backward in one layer of the masked-LM model ``impl`` at (batch, length): the
+    distinct storages saved by the forward of a two-layer model less those of a one-layer model, so that the
+    embeddings and the head cancel. What a training step holds at its peak grows with this times the depth."""
+    totals = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        model = build_masked_lm(impl, cfg["quick"], length, reference, layers).to(cfg["device"], cfg["dtype"]).train()
+        input_ids, labels = mlm_batch(model.config.vocab_size, batch, length, cfg["device"])
+        storages: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor, storages: dict[int, int] = storages) -> torch.Tensor:
+            # Saved tensors stay alive until backward, so no two of them share an address unless they share storage.
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(input_ids=input_ids, labels=labels)
+        totals.append(sum(storages.values()))
+    return totals[1] - totals[0]
+
+
+def saved_activations_table(shapes: list[tuple[int, int]], cfg: dict, reference=None) -> str:
+    """A Markdown table of :func:`saved_bytes_per_layer` for the train part's models at each shape, also in units of
+    one (batch, length, hidden) activation."""
+    import orchid_hf
+
+    impls = ["orchid"] + (["orchid_reference"] if reference is not None else []) + ["bert"]
+    lines = ["### Activations saved for backward, per layer", "",
+             "| (B, L) | " + " | ".join(f"{MLM_LABELS[impl]} MiB (activations)" for impl in impls) + " |",
+             "|---|" + "---|" * len(impls)]
+    for batch, length in shapes:
+        activation = batch * length * orchid_config(orchid_hf, cfg["quick"], length).hidden_size
+        cells = []
+        for impl in impls:
+            saved = saved_bytes_per_layer(impl, batch, length, cfg, reference)
+            cells.append(f"{saved / 2**20:,.1f} ({saved / (activation * torch.finfo(cfg['dtype']).bits // 8):.1f})")
+        lines.append(f"| ({batch}, {length}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------------
@@ -1393,6 +1434,11 @@ def run(args: argparse.Namespace) -> dict:
                 log(f"profiled the training step of {impl} at (B={batch}, L={length})")
                 if not args.silent:
                     print(tables[-1], flush=True)
+        if cfg["profile_train_shapes"]:
+            tables.append(saved_activations_table(cfg["profile_train_shapes"], cfg, reference))
+            log("counted the activations saved for backward")
+            if not args.silent:
+                print(tables[-1], flush=True)
         header = (f"# Profiles ({args.tag or 'untagged'})\n\nCommand: `{result['command']}`; "
                   f"{cfg['threads']} thread(s), load average {load_average()}. Self CPU time of each op.\n\n")
         (out_dir / f"profile{('_' + args.tag) if args.tag else ''}.md").write_text(header + "\n".join(tables))

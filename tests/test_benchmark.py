@@ -385,11 +385,30 @@ def test_train_targets_count_from_unrounded_ratios_only_where_both_models_were_m
 def test_profile_train_writes_a_table_of_the_training_steps_top_ops(tmp_path, capsys):
     result = benchmark.main(["--quick", "--profile-train", "2x16", "--out-dir", str(tmp_path), "--tag", "t"])
     assert result["records"] == []  # profiling instead of timing
-    profile = (tmp_path / "profile_t.md").read_text()
+    profile, saved = (tmp_path / "profile_t.md").read_text().split("### Activations saved for backward, per layer")
     title = "### OrchidForMaskedLM, training step (forward + backward), 2 layers, (B=2, L=16): "
     assert title in profile
+    assert "| (2, 16) | " in saved and "BertForMaskedLM (SDPA) MiB" in saved
     rows = [line for line in profile.splitlines() if line.startswith("| ") and not line.startswith("| op |")]
     assert len(rows) == 15 and any("Backward" in row for row in rows)  # the backward's ops are in it
     assert all(row.rstrip(" |").split(" | ")[-1].isdigit() for row in rows)  # calls per call
     assert title in capsys.readouterr().out  # printed too
     assert not (tmp_path / "benchmark_t.json").exists()
+
+
+def test_saved_bytes_per_layer_counts_what_one_layer_saves_for_backward():
+    """The two-layer-minus-one-layer count equals a direct count of what one OrchidLayer's forward saves."""
+    cfg = benchmark.build_config(benchmark.parse_args(["--quick"]))
+    per_layer = benchmark.saved_bytes_per_layer("orchid", 2, 16, cfg)
+    torch.manual_seed(0)
+    model = benchmark.build_masked_lm("orchid", True, 16, layers=1).train()
+    hidden = torch.randn(2, 16, model.config.hidden_size, requires_grad=True)
+    storages = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model.orchid.encoder.layer[0](hidden)
+    assert per_layer == sum(storages.values()) > 0
