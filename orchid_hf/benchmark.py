@@ -103,6 +103,7 @@ TRAIN_TARGET_MEMORY_RATIOS = {(1, 16384): 0.5}
 MLM_LABELS = {
     "orchid": "OrchidForMaskedLM",
     "orchid_reference": "OrchidForMaskedLM, reference version",
+    "orchid_checkpointing": "OrchidForMaskedLM, gradient checkpointing",
     "bert": "BertForMaskedLM (SDPA)",
 }
 MLM_PROBABILITY = 0.15  # share of positions with a label, as in BERT's pre-training
@@ -229,8 +230,9 @@ def build_model(impl: str, quick: bool, length: int, reference=None, layers: int
 
 def build_masked_lm(impl: str, quick: bool, length: int, reference=None, layers: int | None = None) -> nn.Module:
     """The train part's model: ``OrchidForMaskedLM`` of orchid-bert-base's size (``orchid_reference``: that version's
-    own class) or ``BertForMaskedLM`` of the same sizes, both without dropout (see the module docstring: with dropout
-    SDPA on the CPU takes its math path, with L x L scores)."""
+    own class; ``orchid_checkpointing``: with ``gradient_checkpointing_enable()``, which keeps each layer's input and
+    recomputes the layer in backward) or ``BertForMaskedLM`` of the same sizes, all without dropout (see the module
+    docstring: with dropout SDPA on the CPU takes its math path, with L x L scores)."""
     if impl == "bert":
         from transformers import BertForMaskedLM
 
@@ -241,7 +243,12 @@ def build_masked_lm(impl: str, quick: bool, length: int, reference=None, layers:
         import orchid_hf as package
     if not hasattr(package, "OrchidForMaskedLM"):
         raise ValueError(f"the {impl} model code ({package.__name__}) has no OrchidForMaskedLM")
-    return package.OrchidForMaskedLM(orchid_config(package, quick, length, layers, hidden_dropout_prob=0.0))
+    model = package.OrchidForMaskedLM(orchid_config(package, quick, length, layers, hidden_dropout_prob=0.0))
+    if impl == "orchid_checkpointing":
+        # transformers renamed it; versions that have both warn on the older name.
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+    return model
 
 
 def mlm_batch(vocab_size: int, batch: int, length: int, device: str = "cpu", seed: int = 0):
@@ -700,6 +707,8 @@ def candidates(cfg: dict, part: str, mode: str, level: str | None = None) -> lis
         impls = list(cfg["operator_impls"] if part == "operator" else cfg["model_impls"])
     if cfg["reference"]:
         impls.insert(impls.index("orchid") + 1, "orchid_reference")
+    if part == "train" and level == "model" and cfg.get("train_checkpointing"):
+        impls.insert(impls.index("orchid") + 1, "orchid_checkpointing")
     return [impl for impl in impls if not (impl == "orchid_optimized" and mode != "forward")]
 
 
@@ -1368,6 +1377,7 @@ def build_config(args: argparse.Namespace) -> dict:
         model_impls=list(MODEL_IMPLS),
         model_shapes=shapes,
         train_shapes=train_shapes,
+        train_checkpointing=args.train_checkpointing,
         layers=args.layers if args.layers else (2 if quick else 12),
         profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
         profile_train_shapes=parse_shapes(args.profile_train, "profile_train") if args.profile_train else [],
@@ -1474,6 +1484,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated: forward, forward_backward (a training step without the optimizer)")
     parser.add_argument("--train-shapes", default=None, metavar="SHAPES",
                         help="shapes of the train part, e.g. 8x128,1x4096 (default 8x128,32x128,1x4096,1x16384)")
+    parser.add_argument("--train-checkpointing", action="store_true",
+                        help="train part: also time OrchidForMaskedLM with gradient checkpointing "
+                             "(model.gradient_checkpointing_enable(), which trades a recomputed forward for memory)")
     parser.add_argument("--layers", type=int, default=None,
                         help="depth of both models of the model and train parts (default: orchid-bert-base's 12; 2 "
                              "with --quick)")

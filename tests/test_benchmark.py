@@ -412,3 +412,24 @@ def test_saved_bytes_per_layer_counts_what_one_layer_saves_for_backward():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model.orchid.encoder.layer[0](hidden)
     assert per_layer == sum(storages.values()) > 0
+
+
+def test_train_checkpointing_adds_a_candidate_with_the_plain_models_gradients():
+    cfg = benchmark.build_config(benchmark.parse_args(["--quick", "--train-checkpointing"]))
+    assert benchmark.candidates(cfg, "train", "forward_backward", "model") == ["orchid", "orchid_checkpointing", "bert"]
+    assert benchmark.candidates(cfg, "train", "forward_backward", "operator") == ["orchid", "attention_sdpa"]
+    plain_cfg = benchmark.build_config(benchmark.parse_args(["--quick"]))
+    assert "orchid_checkpointing" not in benchmark.candidates(plain_cfg, "train", "forward_backward", "model")
+    grads = {}
+    for impl in ("orchid", "orchid_checkpointing"):
+        torch.manual_seed(0)
+        model = benchmark.build_masked_lm(impl, True, 16, layers=2)
+        name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else (
+            "is_gradient_checkpointing"
+        )
+        assert getattr(model, name) == (impl == "orchid_checkpointing")
+        step, _ = benchmark.make_train_step(model, *benchmark.mlm_batch(model.config.vocab_size, 2, 16))
+        step()
+        grads[impl] = {name: p.grad for name, p in model.named_parameters()}
+    for name, grad in grads["orchid"].items():
+        torch.testing.assert_close(grads["orchid_checkpointing"][name], grad, rtol=1e-5, atol=1e-6, msg=name)
