@@ -359,7 +359,9 @@ def test_train_targets_count_from_unrounded_ratios_only_where_both_models_were_m
         record("orchid", 1, 16384, 1.0, 50_020), record("bert", 1, 16384, 6.0, 100_000),  # memory 0.5002x: missed
         record("orchid", 32, 128, 1.0, 100), record("bert", 32, 128, 1.0, 100),  # no target at 32x128
     ]
-    cfg = dict(exponent_range=(8192, 65536), modes=["forward"], model_shapes=[], memory_length=16384)
+    cfg = dict(exponent_range=(8192, 65536), modes=["forward"], model_shapes=[], memory_length=16384, layers=12)
+    # The targets are set for orchid-bert-base's 12 layers: a shallower run reports its ratios, but no targets.
+    assert benchmark.summarize(records, dict(cfg, layers=2))["targets"] == {}
     summary = benchmark.summarize(records, cfg)
     assert summary["targets"] == {
         "orchid training step (forward + backward) 8x128 >= 1.4x BertForMaskedLM": False,
