@@ -753,15 +753,20 @@ class OrchidOperator(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             static = self.static_filter.lag_response()
             residual = None if self.residual_filter is None else self.residual_filter.lag_response()
-        # From here on every step acts on each channel alone (see channel_groups). Each tensor is split into the
-        # groups at once, whose backward joins the groups' gradients in one pass (slices would each make one of the
-        # whole tensor's size).
-        groups = channel_groups(d, x.shape[0] * n)
-        sizes = [len(range(d)[channels]) for channels in groups]
+        # From here on every step acts on each channel alone. Without autograd, long inputs run a group of channels at
+        # a time (see channel_groups). Under autograd every group's intermediates are kept for backward anyway, so
+        # groups would save no memory, only add copies (each group's gates) and, in backward, the joining of the
+        # groups' gradients: all channels go at once. Both ways give the same results.
+        groups = [ALL_CHANNELS] if torch.is_grad_enabled() else channel_groups(d, x.shape[0] * n)
         pieces = {"x": x, "gates": projected.unflatten(-1, (3, d)), "static": static, "residual": residual}
         if self.conditioning is not None:
             pieces["source"] = source
-        pieces = {name: tensor.split(sizes, dim=-1) for name, tensor in pieces.items() if tensor is not None}
+        if len(groups) == 1:
+            pieces = {name: (tensor,) for name, tensor in pieces.items() if tensor is not None}
+        else:
+            # Split at once: the backward of one split joins the groups' gradients in one pass.
+            sizes = [len(range(d)[channels]) for channels in groups]
+            pieces = {name: tensor.split(sizes, dim=-1) for name, tensor in pieces.items() if tensor is not None}
         outputs = []
         for index, channels in enumerate(groups):
             group = {name: split[index] for name, split in pieces.items()}

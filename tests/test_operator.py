@@ -25,7 +25,7 @@ LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 @pytest.fixture(autouse=True, params=["channels together", "channels in groups"])
 def channel_groups(request, monkeypatch):
     """Every test runs with all channels in one group and with one channel per group, which is how long inputs run
-    (in groups of 32 channels and more)."""
+    without autograd (in groups of 32 channels and more); calls under autograd mix all channels at once."""
     if request.param == "channels in groups":
         monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
         monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
@@ -332,6 +332,40 @@ def reference_dct_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
     residual = direct_symmetric_convolution(padded, to_np(op.residual_filter()).T)[:, :length]
     y = y + residual + to_np(op.residual_filter.skip)[:, None] * xs
     return (to_np(op.out_proj.weight) @ y + to_np(op.out_proj.bias)[:, None]).T
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("conditioning,activation", [("abs", "identity"), ("xcorr", "identity"), ("xcorr", "tanh")])
+def test_channel_groups_without_autograd_give_the_outputs_of_all_channels_at_once(
+    transform, conditioning, activation, monkeypatch
+):
+    """Calls that record no autograd graph mix long inputs a group of channels at a time; calls under autograd (every
+    other test here) mix all channels at once. Both give the same outputs: padding on either side, cross-conditioning
+    with its own mask, data-dependent or static kernel."""
+    torch.manual_seed(0)
+    x, u = torch.randn(3, 12, 6, dtype=torch.float64), torch.randn(3, 16, 6, dtype=torch.float64)
+    mask = torch.ones(3, 12)
+    mask[1, 9:] = 0  # right padding
+    mask[2, :4] = 0  # left padding
+    u_mask = torch.ones(3, 16)
+    u_mask[0, 10:] = 0
+    for data_dependent in (True, False):
+        op = OrchidOperator(6, 16, transform=transform, conditioning=conditioning, conditioning_activation=activation,
+                            data_dependent=data_dependent).double()
+        calls = [{}, {"attention_mask": mask}]
+        if data_dependent:
+            calls.append({"attention_mask": mask, "conditioning_input": u, "conditioning_mask": u_mask})
+        for kwargs in calls:
+            monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 2**19)
+            monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 32)
+            together = op(x, **kwargs)
+            assert together.requires_grad  # under autograd
+            monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+            monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
+            assert len(orchid_layers.channel_groups(6, 3 * 16)) == 6  # one channel per group
+            with torch.no_grad():
+                grouped = op(x, **kwargs)
+            torch.testing.assert_close(grouped, together.detach(), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("length", [9, 12])
