@@ -453,7 +453,7 @@ def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
             if (c["vocab_size"], c["seq_len"]) == (vocab, length):
                 steps = [p["step"] for p in r["curve"]]
                 ax.plot(steps, [100 * p["test_accuracy"] for p in r["curve"]], marker=".",
-                        label=f"{describe(c)} ({c['steps']} steps, lr {c['lr']:g})")
+                        label=f"{describe(c)} (seed {c['seed']}, {c['steps']} steps, lr {c['lr']:g})")
         ax.set(title=f"vocabulary {vocab}, length {length}", xlabel="step", ylabel="test accuracy (%)", ylim=(0, 101))
         ax.grid(alpha=0.3)
         # Below the axes: inside, the legend would hide the curves that matter.
