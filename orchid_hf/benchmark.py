@@ -211,6 +211,15 @@ def orchid_config(package, quick: bool, length: int, layers: int | None = None, 
     return package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **sizes, **overrides)
 
 
+def orchid_package(impl: str, reference=None):
+    """The model code of an Orchid candidate: the reference version's for ``orchid_reference``, else this package."""
+    if impl == "orchid_reference":
+        return reference
+    import orchid_hf
+
+    return orchid_hf
+
+
 def build_model(impl: str, quick: bool, length: int, reference=None, layers: int | None = None) -> nn.Module:
     """A base model of orchid-bert-base's size (``quick``: tiny; ``layers`` deep if given) with
     ``max_position_embeddings = length``."""
@@ -218,9 +227,7 @@ def build_model(impl: str, quick: bool, length: int, reference=None, layers: int
         from transformers import BertModel
 
         return BertModel(bert_config(quick, length, layers), add_pooling_layer=False)
-    package = reference
-    if impl != "orchid_reference":
-        import orchid_hf as package
+    package = orchid_package(impl, reference)
     model = package.OrchidModel(orchid_config(package, quick, length, layers))
     if impl == "orchid_optimized":
         from orchid_hf import optimize_for_inference
@@ -231,7 +238,7 @@ def build_model(impl: str, quick: bool, length: int, reference=None, layers: int
 
 def build_masked_lm(impl: str, quick: bool, length: int, reference=None, layers: int | None = None) -> nn.Module:
     """The train part's model: ``OrchidForMaskedLM`` of orchid-bert-base's size (``orchid_reference``: that version's
-    own class; ``orchid_checkpointing``: with ``gradient_checkpointing_enable()``, which keeps each layer's input and
+    own class; ``orchid_checkpointing``: with activation (gradient) checkpointing, which keeps each layer's input and
     recomputes the layer in backward) or ``BertForMaskedLM`` of the same sizes, all without dropout (see the module
     docstring: with dropout SDPA on the CPU takes its math path, with L x L scores)."""
     if impl == "bert":
@@ -239,9 +246,7 @@ def build_masked_lm(impl: str, quick: bool, length: int, reference=None, layers:
 
         config = bert_config(quick, length, layers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         return BertForMaskedLM(config)
-    package = reference
-    if impl != "orchid_reference":
-        import orchid_hf as package
+    package = orchid_package(impl, reference)
     if not hasattr(package, "OrchidForMaskedLM"):
         raise ValueError(f"the {impl} model code ({package.__name__}) has no OrchidForMaskedLM")
     model = package.OrchidForMaskedLM(orchid_config(package, quick, length, layers, hidden_dropout_prob=0.0))
@@ -1256,6 +1261,20 @@ def profile_train(impl: str, batch: int, length: int, cfg: dict, reference=None,
     return profile_table(title, step, calls)
 
 
+def saved_storage_bytes(fn: Callable, *args, **kwargs) -> int:
+    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        # Saved tensors stay alive until backward, so no two of them share an address unless they share storage.
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn(*args, **kwargs)
+    return sum(storages.values())
+
+
 def saved_bytes_per_layer(impl: str, batch: int, length: int, cfg: dict, reference=None) -> int:
     """The bytes that autograd keeps for backward in one layer of the masked-LM model ``impl`` at (batch, length): the
     distinct storages saved by the forward of a two-layer model less those of a one-layer model, so that the
@@ -1265,16 +1284,7 @@ def saved_bytes_per_layer(impl: str, batch: int, length: int, cfg: dict, referen
         torch.manual_seed(0)
         model = build_masked_lm(impl, cfg["quick"], length, reference, layers).to(cfg["device"], cfg["dtype"]).train()
         input_ids, labels = mlm_batch(model.config.vocab_size, batch, length, cfg["device"])
-        storages: dict[int, int] = {}
-
-        def pack(tensor: torch.Tensor, storages: dict[int, int] = storages) -> torch.Tensor:
-            # Saved tensors stay alive until backward, so no two of them share an address unless they share storage.
-            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(input_ids=input_ids, labels=labels)
-        totals.append(sum(storages.values()))
+        totals.append(saved_storage_bytes(model, input_ids=input_ids, labels=labels))
     return totals[1] - totals[0]
 
 

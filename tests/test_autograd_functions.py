@@ -9,6 +9,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
+from orchid_hf.benchmark import saved_storage_bytes
 
 ACTIVATIONS = ["gelu", "gelu_new", "silu", "relu"]
 
@@ -44,19 +45,6 @@ def test_gated_activation_equals_the_written_out_glu(activation):
     torch.testing.assert_close(grad_hidden, reference_grad, rtol=1e-6, atol=1e-7)
 
 
-def saved_bytes(fn, *args) -> int:
-    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args)`` runs."""
-    storages = {}
-
-    def pack(tensor):
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn(*args)
-    return sum(storages.values())
-
-
 def test_the_glu_mlp_saves_less_for_backward_than_the_written_out_glu():
     torch.manual_seed(0)
     config = OrchidConfig(
@@ -64,14 +52,14 @@ def test_the_glu_mlp_saves_less_for_backward_than_the_written_out_glu():
     )
     mlp = OrchidMLP(config)
     x = torch.randn(2, 64, 32, requires_grad=True)
-    fused = saved_bytes(mlp, x)
+    fused = saved_storage_bytes(mlp, x)
     gelu = mlp.act
 
     def written_out(inputs):
         return mlp.down_proj(written_out_glu(mlp.up_proj(inputs), gelu))
 
     intermediate_bytes = 2 * 64 * 128 * 4  # act(gate): tokens x intermediate_size float32
-    assert saved_bytes(written_out, x) - fused == intermediate_bytes
+    assert saved_storage_bytes(written_out, x) - fused == intermediate_bytes
 
 
 def test_the_activation_hooks_fire_once_per_call_in_training():
