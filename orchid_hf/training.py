@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from .extras import require_extra
 require_extra("accelerate", "train")  # the Trainer needs it
 
 import torch  # noqa: E402
-from transformers import HfArgumentParser, Trainer, TrainingArguments  # noqa: E402
+from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
 from .hub import HubUnavailableError, from_pretrained, hub_offline, is_local_path  # noqa: E402
@@ -403,20 +404,46 @@ def filter_parameter_names(model: torch.nn.Module) -> list[str]:
     ]
 
 
+class TrainingClock(TrainerCallback):
+    """Seconds of training since ``train()`` began, evaluation excluded (``RecipeTrainer`` adds them to every log
+    entry as ``train_seconds``, so learning curves can be drawn against wall time as well as steps)."""
+
+    def __init__(self):
+        self.start: float | None = None
+        self.evaluation_seconds = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start, self.evaluation_seconds = time.perf_counter(), 0.0
+
+    def add_to(self, logs: dict) -> None:
+        if self.start is None:
+            return
+        # "<prefix>_runtime" is the duration of the evaluation this entry reports; "train_runtime" is not one.
+        self.evaluation_seconds += sum(v for k, v in logs.items() if k.endswith("_runtime") and k != "train_runtime")
+        logs["train_seconds"] = round(time.perf_counter() - self.start - self.evaluation_seconds, 3)
+
+
 class RecipeTrainer(Trainer):
-    """``Trainer`` with two additions.
+    """``Trainer`` with three additions.
 
     - ``optimizer_plan.filter_learning_rate`` set: the implicit-filter parameters of an Orchid model form a third
       parameter group (after Trainer's decayed and undecayed groups) with their own peak learning rate and weight
       decay, as M2-BERT trains its filters. The schedule scales every group by the same factor. Models without
       such parameters (BERT, ViT) keep Trainer's two groups.
     - ``card_writer``: writes ``README.md`` in place of Trainer's generic card, also when ``push_to_hub`` does.
+    - every log entry of a training run (losses, evaluations) carries ``train_seconds`` (:class:`TrainingClock`).
     """
 
     def __init__(self, *args, optimizer_plan: OptimizerPlan | None = None, card_writer=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.optimizer_plan = optimizer_plan
         self.card_writer = card_writer
+        self.training_clock = TrainingClock()
+        self.add_callback(self.training_clock)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self.training_clock.add_to(logs)
+        super().log(logs, start_time)
 
     def create_optimizer(self, model=None):
         plan = self.optimizer_plan
@@ -709,6 +736,7 @@ __all__ = [
     "ParsedArguments",
     "RecipeArguments",
     "RecipeTrainer",
+    "TrainingClock",
     "bf16_available",
     "build_model",
     "check_head_size",

@@ -22,6 +22,7 @@ from orchid_hf.pretraining import (
 )
 from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
+from orchid_hf.training import TrainingClock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -153,6 +154,9 @@ def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
     assert optimizer["implicit filters"] == "lr 0.001, weight decay 0.1 decoupled (torch AdamW weight_decay=100)"
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [e["step"] for e in history if "eval_masked_accuracy" in e] == [3, 6]
+    # Every entry of the run (losses and evaluations) says how long training had run, for curves against time.
+    seconds = [e["train_seconds"] for e in history]
+    assert len(seconds) == len(history) and seconds == sorted(seconds) and seconds[0] > 0
     assert (out / "checkpoint-3").is_dir() and (out / "checkpoint-6").is_dir()
 
     model = AutoModelForMaskedLM.from_pretrained(out)
@@ -175,6 +179,26 @@ def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
     assert final["repo_id"] == "me/tiny-orchid" and final["folder_path"] == str(out)
     assert {"README.md", "model.safetensors", "modeling_orchid.py", "tokenizer.json"} <= set(final["files"])
     assert "checkpoint-*" in final["ignore_patterns"]
+
+
+def test_training_clock_leaves_out_evaluation_time(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("orchid_hf.training.time.perf_counter", lambda: now[0])
+    clock = TrainingClock()
+    outside = {"init_loss": 1.0, "init_runtime": 3.0}
+    clock.add_to(outside)  # an evaluation before training: no training time yet
+    assert "train_seconds" not in outside
+    clock.on_train_begin(None, None, None)
+    now[0] = 110.0
+    logs = [{"loss": 2.0}]
+    clock.add_to(logs[-1])
+    now[0] = 125.0  # an evaluation of 5 s ends here
+    logs.append({"eval_loss": 1.5, "eval_runtime": 5.0})
+    clock.add_to(logs[-1])
+    now[0] = 131.0
+    logs.append({"loss": 1.0, "train_runtime": 31.0})
+    clock.add_to(logs[-1])
+    assert [entry["train_seconds"] for entry in logs] == [10.0, 20.0, 26.0]
 
 
 class StopAt(TrainerCallback):

@@ -163,19 +163,27 @@ def _idx_split(files: dict[str, Path], folder: Path, split: str):
     return images, labels.astype(np.int64)
 
 
-def load_idx_folder(folder: str | os.PathLike, label_names: Sequence[str] | None = None) -> ImageData:
-    """A folder of IDX files: ``train-images-idx3-ubyte[.gz]`` and ``train-labels-idx1-ubyte[.gz]`` for training,
-    ``t10k-*`` for evaluation. Class names: ``label_names``, or the label values."""
-    import datasets
-
+def load_idx_arrays(folder: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{"train": (images, labels), "test": (images, labels)}`` from a folder of IDX files
+    (``train-images-idx3-ubyte[.gz]``, ``train-labels-idx1-ubyte[.gz]``, and ``t10k-*`` for "test" where present)."""
     folder = Path(folder)
     files = find_idx_files(folder)
     if "train" not in files:
         raise ValueError(f"{folder} has no train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] files")
-    train_images, train_labels = _idx_split(files["train"], folder, "train")
-    splits = {"train": (train_images, train_labels)}
+    splits = {"train": _idx_split(files["train"], folder, "train")}
     if "t10k" in files:
         splits["test"] = _idx_split(files["t10k"], folder, "t10k")
+    return splits
+
+
+def load_idx_folder(folder: str | os.PathLike, label_names: Sequence[str] | None = None) -> ImageData:
+    """A folder of IDX files (:func:`load_idx_arrays`) as datasets: the t10k files, where present, are the
+    evaluation split. Class names: ``label_names``, or the label values."""
+    import datasets
+
+    folder = Path(folder)
+    splits = load_idx_arrays(folder)
+    train_images = splits["train"][0]
     num_classes = int(max(labels.max() for _, labels in splits.values())) + 1
     if min(labels.min() for _, labels in splits.values()) < 0:
         raise ValueError(f"{folder}: IDX labels must be >= 0")
@@ -396,6 +404,7 @@ __all__ = [
     "find_idx_files",
     "image_files",
     "load_digits_dataset",
+    "load_idx_arrays",
     "load_idx_folder",
     "load_image_data",
     "read_idx",

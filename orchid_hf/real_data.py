@@ -1,0 +1,385 @@
+"""The real-data comparison of docs/results/real_data.md (``scripts/real_data.sh`` runs it,
+``scripts/real_data_report.py`` reports it).
+
+:func:`collect_runs` keeps one JSON file per run (what the tables and plots need, taken from the run folders that
+the recipes write); :func:`render_report` makes the tables, the plots and the README's headline table from those
+files alone, so the report can be rebuilt from the repository. Generated text goes between
+``<!-- real-data:NAME -->`` and ``<!-- /real-data:NAME -->`` markers; everything else in the files is left as is.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+from pathlib import Path
+
+from .training import write_json
+
+# Run folders of scripts/real_data.sh.
+PRETRAIN_RUN = re.compile(r"^pretrain-(?P<arch>[a-z]+)$")
+ATTRIBUTION_RUN = re.compile(
+    r"^attribution-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)-s(?P<seed>\d+)$"
+)
+IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
+ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
+MARKER = "<!-- real-data:{name} -->"
+END_MARKER = "<!-- /real-data:{name} -->"
+
+
+# ---------------------------------------------------------------------------------------------
+# Collecting: run folders -> one JSON per run
+# ---------------------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def embedding_parameters(folder: Path) -> int:
+    """Parameters of the embedding tables (word, position, token type) in a saved model's safetensors file."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(folder / "model.safetensors", "pt") as handle:
+        for name in handle.keys():
+            if ".embeddings." in name and name.endswith("_embeddings.weight"):
+                shape = handle.get_slice(name).get_shape()
+                total += int(shape[0]) * int(shape[1])
+    return total
+
+
+def pretraining_record(folder: Path, arch: str) -> dict:
+    results = _read(folder / "results.json")
+    history = _read(folder / "trainer_state.json")["log_history"]
+    init = results.get("init", {})
+    curve = []
+    if init:
+        curve.append({"step": 0, "train_seconds": 0.0, "loss": init["init_loss"],
+                      "masked_accuracy": init["init_masked_accuracy"]})  # fmt: skip
+    for entry in history:
+        if "eval_loss" in entry:
+            curve.append({"step": entry["step"], "train_seconds": entry["train_seconds"], "loss": entry["eval_loss"],
+                          "masked_accuracy": entry["eval_masked_accuracy"]})  # fmt: skip
+    training_loss = [
+        {"step": e["step"], "train_seconds": e["train_seconds"], "loss": e["loss"]} for e in history if "loss" in e
+    ]
+    embeddings = embedding_parameters(folder)
+    config = _read(folder / "config.json")
+    return {
+        "kind": "pretraining",
+        "arch": arch,
+        "model_type": results["model_type"],
+        "config": {k: config.get(k) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                              "max_position_embeddings", "vocab_size", "num_attention_heads")},
+        "num_parameters": results["num_parameters"],
+        "num_parameters_without_embeddings": results["num_parameters"] - embeddings,
+        "optimizer": results["optimizer"],
+        "steps": history[-1]["step"] if history else 0,
+        "train_runtime": results["train"]["train_runtime"],
+        "eval": {"loss": results["eval"]["eval_loss"], "masked_accuracy": results["eval"]["eval_masked_accuracy"],
+                 "blocks": results["eval"]["eval_samples"]},
+        "curve": curve,
+        "training_loss": training_loss,
+    }  # fmt: skip
+
+
+def attribution_record(folder: Path, match: re.Match) -> dict:
+    results = _read(folder / "results.json")
+    validation = results["metrics"]["validation"]
+    return {
+        "kind": "attribution",
+        "arch": match["arch"],
+        "init": match["init"],
+        "length": int(match["length"]),
+        "seed": int(match["seed"]),
+        "initialized_from": results["initialized_from"],
+        "accuracy": validation["accuracy"],
+        "eval_loss": validation.get("loss"),
+        "train_seconds": results["train_runtime"],
+        "epochs": results["epochs_done"],
+        "hyperparameters": results["hyperparameters"],
+    }
+
+
+def image_record(folder: Path, match: re.Match) -> dict:
+    results = _read(folder / "results.json")
+    record = {
+        "kind": "image",
+        "arch": match["arch"],
+        "seed": int(match["seed"] or results.get("seed", 0)),
+        "accuracy": results["accuracy"],
+        "num_parameters": results["num_parameters"],
+        "num_train": results["num_train"],
+        "num_eval": results["num_eval"],
+        "eval_split": results["eval_split"],
+        "train_seconds": results["train_seconds"],
+        "per_class_accuracy": results["per_class_accuracy"],
+        "confusion_matrix": results["confusion_matrix"],
+        "model": results["model"],
+    }
+    for key in ("epochs", "steps", "hyperparameters"):
+        if key in results:
+            record[key] = results[key]
+    return record
+
+
+def collect_runs(runs_dir: str | Path, results_dir: str | Path) -> list[str]:
+    """One JSON per finished run of ``runs_dir`` (a run is finished when its folder has ``results.json``) in
+    ``results_dir``, plus ``machine.json``; returns the run names collected."""
+    runs_dir, results_dir = Path(runs_dir), Path(results_dir)
+    collected = []
+    for folder in sorted(p for p in runs_dir.iterdir() if (p / "results.json").is_file()):
+        name = folder.name
+        if match := PRETRAIN_RUN.match(name):
+            record = pretraining_record(folder, match["arch"])
+        elif match := ATTRIBUTION_RUN.match(name):
+            record = attribution_record(folder, match)
+        elif match := IMAGE_RUN.match(name):
+            record = image_record(folder, match)
+        else:
+            continue
+        write_json(results_dir / f"{name}.json", record)
+        collected.append(name)
+    if not collected:
+        raise ValueError(f"{runs_dir} has no finished run (a folder with results.json) of scripts/real_data.sh")
+    write_json(results_dir / "machine.json", machine_description())
+    return collected
+
+
+def machine_description() -> dict:
+    import os
+
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads_per_run": 1,
+        "runs_at_a_time": 2,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering: JSON files -> tables, plots, README block
+# ---------------------------------------------------------------------------------------------
+
+
+def load_records(results_dir: str | Path) -> dict[str, list[dict]]:
+    """The kept records by kind (``pretraining``, ``attribution``, ``image``) and ``machine``."""
+    records: dict[str, list[dict]] = {"pretraining": [], "attribution": [], "image": [], "machine": []}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        record = _read(path)
+        records["machine" if path.stem == "machine" else record["kind"]].append(record)
+    return records
+
+
+def _mean_and_runs(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    runs = " / ".join(f"{v * scale:.{digits}f}" for v in values)
+    if len(values) == 1:
+        return runs
+    return f"{statistics.mean(values) * scale:.{digits}f} ({runs})"
+
+
+def _group(records: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for record in sorted(records, key=lambda r: tuple(r.get(k, 0) for k in (*keys, "seed"))):
+        groups.setdefault(tuple(record[k] for k in keys), []).append(record)
+    return groups
+
+
+def pretraining_table(records: list[dict]) -> str:
+    rows = [
+        "| model | parameters | without embeddings | steps | training time | held-out MLM loss | "
+        "held-out masked-token accuracy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(records, key=lambda r: r["arch"] != "orchid"):
+        rows.append(
+            f"| {ARCH_NAMES.get(r['arch'], r['arch'])} | {r['num_parameters'] / 1e6:.2f}M | "
+            f"{r['num_parameters_without_embeddings'] / 1e6:.2f}M | {r['steps']} | {r['train_runtime'] / 60:.1f} min | "
+            f"{r['eval']['loss']:.3f} | {100 * r['eval']['masked_accuracy']:.1f}% |"
+        )
+    return "\n".join(rows)
+
+
+def attribution_table(records: list[dict]) -> str:
+    rows = [
+        "| passage | model | start | accuracy % (mean; seeds) | training time (mean) |",
+        "|---|---|---|---|---|",
+    ]
+    for (length, init, arch), group in _group(records, "length", "init", "arch").items():
+        seconds = statistics.mean(r["train_seconds"] for r in group)
+        rows.append(
+            f"| {length} tokens | {ARCH_NAMES.get(arch, arch)} | {init} | "
+            f"{_mean_and_runs([r['accuracy'] for r in group])} | {seconds / 60:.1f} min |"
+        )
+    return "\n".join(rows)
+
+
+def image_table(records: list[dict]) -> str:
+    rows = [
+        "| model | parameters | test accuracy % (mean; seeds) | training time (mean) |",
+        "|---|---|---|---|",
+    ]
+    order = {"orchid": 0, "vit": 1, "logreg": 2}
+    groups = _group(records, "arch")
+    for (arch,), group in sorted(groups.items(), key=lambda item: order.get(item[0][0], 9)):
+        seconds = statistics.mean(r["train_seconds"] for r in group)
+        rows.append(
+            f"| {ARCH_NAMES.get(arch, arch)} | {group[0]['num_parameters'] / 1e3:.0f}k | "
+            f"{_mean_and_runs([r['accuracy'] for r in group], digits=2)} | {seconds / 60:.1f} min |"
+        )
+    return "\n".join(rows)
+
+
+def headline_table(records: dict[str, list[dict]]) -> str:
+    """One line per comparison, for the README."""
+    rows = ["| real data | Orchid | baseline | details |", "|---|---|---|---|"]
+    pretraining = {r["arch"]: r for r in records["pretraining"]}
+    if {"orchid", "bert"} <= set(pretraining):
+        o, b = pretraining["orchid"], pretraining["bert"]
+        rows.append(
+            f"| Austen MLM pretraining, held-out masked-token accuracy | {100 * o['eval']['masked_accuracy']:.1f}% "
+            f"| BERT {100 * b['eval']['masked_accuracy']:.1f}% | same steps and data order; "
+            f"{o['train_runtime'] / 60:.0f} vs {b['train_runtime'] / 60:.0f} min |"
+        )
+    groups = _group([r for r in records["attribution"] if r["init"] == "pretrained"], "length", "arch")
+    for length in sorted({key[0] for key in groups}):
+        o, b = groups.get((length, "orchid")), groups.get((length, "bert"))
+        if o and b:
+            mean = [statistics.mean(r["accuracy"] for r in g) for g in (o, b)]
+            time = [statistics.mean(r["train_seconds"] for r in g) / 60 for g in (o, b)]
+            rows.append(
+                f"| novel attribution, {length}-token passages, pretrained | {100 * mean[0]:.1f}% | "
+                f"BERT {100 * mean[1]:.1f}% | {len(o)} seeds; fine-tuning {time[0]:.1f} vs {time[1]:.1f} min |"
+            )
+    images = _group(records["image"], "arch")
+    if ("orchid",) in images and ("vit",) in images:
+        o, v = images[("orchid",)], images[("vit",)]
+        floor = images.get(("logreg",))
+        floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
+        rows.append(
+            f"| Fashion-MNIST test accuracy | {100 * statistics.mean(r['accuracy'] for r in o):.2f}% | "
+            f"ViT {100 * statistics.mean(r['accuracy'] for r in v):.2f}% | {len(o)} seeds{floor_text} |"
+        )
+    return "\n".join(rows)
+
+
+def plot_pretraining(records: list[dict], path: str | Path) -> None:
+    """Held-out loss and masked-token accuracy against steps and against training time."""
+    from .extras import require_extra
+
+    require_extra("matplotlib", "plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 7))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 2)
+    for record in sorted(records, key=lambda r: r["arch"] != "orchid"):
+        label = f"{ARCH_NAMES.get(record['arch'], record['arch'])} ({record['num_parameters'] / 1e6:.1f}M)"
+        steps = [p["step"] for p in record["curve"]]
+        minutes = [p["train_seconds"] / 60 for p in record["curve"]]
+        for row, metric in enumerate(("loss", "masked_accuracy")):
+            values = [p[metric] * (100 if metric == "masked_accuracy" else 1) for p in record["curve"]]
+            axes[row][0].plot(steps, values, marker="o", markersize=3, label=label)
+            axes[row][1].plot(minutes, values, marker="o", markersize=3, label=label)
+    for row, name in enumerate(("held-out MLM loss", "held-out masked-token accuracy (%)")):
+        axes[row][0].set(xlabel="step", ylabel=name)
+        axes[row][1].set(xlabel="training time (min, evaluation excluded)", ylabel=name)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    figure.suptitle("Masked-LM pretraining on five Austen novels, evaluated on Persuasion")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def plot_confusion_matrices(records: list[dict], path: str | Path) -> None:
+    """The confusion matrix of each image model (first seed), side by side."""
+    from .extras import require_extra
+
+    require_extra("matplotlib", "plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    order = {"orchid": 0, "vit": 1, "logreg": 2}
+    chosen = [group[0] for _, group in sorted(_group(records, "arch").items(), key=lambda i: order.get(i[0][0], 9))]
+    figure = Figure(figsize=(6 * len(chosen), 5.6))
+    FigureCanvasAgg(figure)
+    for index, record in enumerate(chosen):
+        ax = figure.add_subplot(1, len(chosen), index + 1)
+        matrix = record["confusion_matrix"]
+        names = list(record["per_class_accuracy"])
+        ax.imshow(matrix, cmap="Blues")
+        ax.set_xticks(range(len(names)), labels=names, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(names)), labels=names, fontsize=8)
+        peak = max(max(row) for row in matrix)
+        for i, row in enumerate(matrix):
+            for j, count in enumerate(row):
+                ax.text(j, i, str(count), ha="center", va="center", fontsize=6,
+                        color="white" if count > peak / 2 else "black")  # fmt: skip
+        name = ARCH_NAMES.get(record["arch"], record["arch"])
+        title = f"{name} (seed {record['seed']}): {100 * record['accuracy']:.2f}%"
+        ax.set(xlabel="predicted", ylabel="true", title=title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def replace_block(text: str, name: str, content: str) -> str:
+    """``text`` with what lies between the markers of block ``name`` replaced by ``content``."""
+    start, end = MARKER.format(name=name), END_MARKER.format(name=name)
+    if start not in text or end not in text:
+        raise ValueError(f"the text has no {start} ... {end} block to fill")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{content}\n{end}{tail}"
+
+
+def render_report(results_dir: str | Path, report: str | Path, readme: str | Path | None = None) -> dict[str, str]:
+    """Fill the blocks of ``report`` (``pretraining``, ``attribution``, ``images``, ``machine``, ``headline``) and
+    the ``headline`` block of ``readme`` from the records in ``results_dir``; draw the two plots next to
+    ``report``. Returns the generated blocks."""
+    records = load_records(results_dir)
+    if not any(records[kind] for kind in ("pretraining", "attribution", "image")):
+        raise ValueError(f"{results_dir} holds no records: run scripts/real_data_report.py --runs first")
+    report = Path(report)
+    blocks = {"headline": headline_table(records)}
+    if records["pretraining"]:
+        plot = report.parent / "real_data_pretraining.png"
+        plot_pretraining(records["pretraining"], plot)
+        blocks["pretraining"] = f"{pretraining_table(records['pretraining'])}\n\n![pretraining curves]({plot.name})"
+    if records["attribution"]:
+        blocks["attribution"] = attribution_table(records["attribution"])
+    if records["image"]:
+        plot = report.parent / "real_data_confusion.png"
+        plot_confusion_matrices(records["image"], plot)
+        blocks["images"] = f"{image_table(records['image'])}\n\n![confusion matrices]({plot.name})"
+    if records["machine"]:
+        machine = records["machine"][0]
+        blocks["machine"] = (
+            f"{machine['processor']}, {machine['cpu_count']} cores, {machine['platform']}, torch {machine['torch']}; "
+            f"every run on {machine['threads_per_run']} thread, {machine['runs_at_a_time']} runs at a time."
+        )
+    text = report.read_text()
+    for name, content in blocks.items():
+        text = replace_block(text, name, content)
+    report.write_text(text)
+    if readme is not None:
+        readme = Path(readme)
+        readme.write_text(replace_block(readme.read_text(), "headline", blocks["headline"]))
+    return blocks
+
+
+__all__ = [
+    "collect_runs",
+    "embedding_parameters",
+    "headline_table",
+    "load_records",
+    "render_report",
+    "replace_block",
+]

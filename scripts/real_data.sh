@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The real-data comparison of docs/results/real_data.md, stage by stage, with the exact commands:
+#
+#   bash scripts/real_data.sh prepare      # tokenizer folder, MLM corpus (Persuasion held out), attribution sets
+#   bash scripts/real_data.sh pretrain     # Orchid-BERT and BertForMaskedLM, side by side
+#   bash scripts/real_data.sh attribution  # fine-tuning, pretrained and from scratch, 128 and 512 tokens, 2 seeds
+#   bash scripts/real_data.sh images       # Fashion-MNIST: Orchid-ViT, ViT (2 seeds each), logistic regression
+#   bash scripts/real_data.sh report       # docs/results/real_data.md, its JSON and plots, from the runs
+#
+# DATA is the folder of ../shared/data's layout (austen/, bert-base-uncased/, fashion-mnist/). Every training run
+# uses one thread and two run at a time (JOBS), so the two cores are shared alike by the models compared.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${DATA:-../shared/data}
+OUT=${OUT:-outputs/real_data}
+JOBS=${JOBS:-2}
+PY=${PY:-.venv/bin/python}
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT"
+
+# The two text models: the same width, depth and MLP size; positions up to 512 so that one pretrained model
+# serves both passage lengths.
+ORCHID_TEXT=hidden_size=256,num_hidden_layers=4,intermediate_size=1024,max_position_embeddings=512
+BERT_TEXT=$ORCHID_TEXT,num_attention_heads=4
+# The image models: 28x28 grey images in 4x4 patches (49 tokens), width 128, 4 layers.
+ORCHID_IMAGE=image_size=28,num_channels=1,patch_size=4,hidden_size=128,num_hidden_layers=4,intermediate_size=256
+VIT_IMAGE=$ORCHID_IMAGE,num_attention_heads=4
+FASHION_CLASSES=("T-shirt/top" Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag "Ankle boot")
+
+# Runs the commands read from stdin, one per line, JOBS at a time; each one's output goes to the log it names last.
+run_all() { xargs -P "$JOBS" -I{} -d '\n' bash -c '{}'; }
+
+case "${1:-}" in
+prepare)
+    $PY scripts/prepare_novels.py --novels "$DATA"/austen/*.txt --held_out persuasion \
+        --vocab_dir "$DATA/bert-base-uncased" --passage_tokens 128 512 --output_dir "$OUT/austen"
+    ;;
+pretrain)
+    common="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/validation.txt \
+--tokenizer_name $OUT/austen/tokenizer --max_seq_length 128 --per_device_train_batch_size 32 \
+--per_device_eval_batch_size 32 --max_steps 400 --eval_strategy steps --eval_steps 50 --logging_steps 10 \
+--max_eval_samples 256 --eval_before_training --save_strategy no --report_to none --threads 1 --seed 0 --bf16 False"
+    run_all <<END
+$PY scripts/pretrain_mlm.py $common --config_overrides $ORCHID_TEXT --output_dir $OUT/pretrain-orchid > $OUT/pretrain-orchid.log 2>&1
+$PY scripts/pretrain_mlm.py $common --model_type bert --config_overrides $BERT_TEXT --output_dir $OUT/pretrain-bert > $OUT/pretrain-bert.log 2>&1
+END
+    ;;
+attribution)
+    for length in 128 512; do
+        for seed in 0 1; do
+            for arch in orchid bert; do
+                data="--train_file $OUT/austen/attribution-$length/train.csv \
+--validation_file $OUT/austen/attribution-$length/validation.csv --max_seq_length $length --num_train_epochs 1 \
+--per_device_train_batch_size 32 --save_strategy no --report_to none --threads 1 --seed $seed --disable_tqdm True"
+                overrides=$([ $arch = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT")
+                name=attribution-$length-$arch
+                echo "$PY scripts/finetune_glue.py $data --model_name_or_path $OUT/pretrain-$arch \
+--output_dir $OUT/$name-pretrained-s$seed > $OUT/$name-pretrained-s$seed.log 2>&1"
+                echo "$PY scripts/finetune_glue.py $data --model_type $arch --config_overrides $overrides \
+--tokenizer_name $OUT/austen/tokenizer --output_dir $OUT/$name-scratch-s$seed > $OUT/$name-scratch-s$seed.log 2>&1"
+            done
+        done
+    done | run_all
+    ;;
+images)
+    common="--train_dir $DATA/fashion-mnist --class_names ${FASHION_CLASSES[*]@Q} --recipe orchid-vit-digits \
+--num_train_epochs 5 --warmup_epochs 1 --crop_padding 2 --hflip True --save_strategy no --report_to none \
+--threads 1 --disable_tqdm True"
+    {
+        for seed in 0 1; do
+            echo "$PY scripts/train_image.py $common --seed $seed --config_overrides $ORCHID_IMAGE \
+--output_dir $OUT/fashion-orchid-s$seed > $OUT/fashion-orchid-s$seed.log 2>&1"
+            echo "$PY scripts/train_image.py $common --seed $seed --model_type vit --config_overrides $VIT_IMAGE \
+--output_dir $OUT/fashion-vit-s$seed > $OUT/fashion-vit-s$seed.log 2>&1"
+        done
+        echo "OMP_NUM_THREADS=1 $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
+--class_names ${FASHION_CLASSES[*]@Q} --output_dir $OUT/fashion-logreg > $OUT/fashion-logreg.log 2>&1"
+    } | run_all
+    ;;
+report)
+    $PY scripts/real_data_report.py --runs "$OUT"
+    ;;
+*)
+    echo "usage: bash scripts/real_data.sh {prepare|pretrain|attribution|images|report}" >&2
+    exit 2
+    ;;
+esac

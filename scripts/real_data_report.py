@@ -1,0 +1,35 @@
+#!/usr/bin/env python
+"""Tables, plots and the README's headline table of docs/results/real_data.md:
+
+    python scripts/real_data_report.py --runs outputs/real_data     # keep one JSON per finished run, then render
+    python scripts/real_data_report.py                              # render from the kept JSONs alone
+
+The JSONs go to --results (docs/results/real_data/); the generated blocks of --report and --readme are replaced,
+the rest of those files is left as written.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from orchid_hf.real_data import collect_runs, render_report
+from orchid_hf.training import run_cli
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", default=None, help="The output folder of scripts/real_data.sh (OUT).")
+    parser.add_argument("--results", default="docs/results/real_data", help="Where the per-run JSONs are kept.")
+    parser.add_argument("--report", default="docs/results/real_data.md")
+    parser.add_argument("--readme", default="README.md", help="Its headline block is filled too ('' for none).")
+    args = parser.parse_args(argv)
+    if args.runs:
+        names = collect_runs(args.runs, args.results)
+        print(f"kept {len(names)} runs in {args.results}")
+    blocks = render_report(args.results, args.report, args.readme or None)
+    print(blocks["headline"])
+    return blocks
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,144 @@
+"""The real-data report (orchid_hf.real_data, scripts/real_data_report.py) on miniature runs of the same scripts
+that scripts/real_data.sh runs, with generated novels and IDX images: every number in the tables comes from a run's
+own result files, the plots are drawn, and only the generated blocks of the report and README change."""
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchid_hf.glue import main as finetune
+from orchid_hf.pretraining import main as pretrain
+from orchid_hf.real_data import collect_runs, load_records, render_report, replace_block
+from tests.test_novels import SPECIALS, chapter_words, write_novel
+from tests.test_vision import write_idx_folder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+ORCHID = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,filter_width=16"
+BERT = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,num_attention_heads=2"
+QUIET = ["--use_cpu", "--disable_tqdm", "True", "--report_to", "none", "--save_strategy", "no"]
+BLOCKS = ("headline", "pretraining", "attribution", "images", "machine")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run folders named as scripts/real_data.sh names them, made by the real scripts on tiny data."""
+    root = tmp_path_factory.mktemp("real_data")
+    novels = root / "novels"
+    novels.mkdir()
+    for index, name in enumerate(("alpha", "beta", "gamma")):
+        write_novel(novels / f"{name}.txt", index, 6, "CHAPTER {roman}")
+    words = [w for n in range(3) for c in range(6) for w in chapter_words(n, c)]
+    (novels / "vocab").mkdir()
+    (novels / "vocab" / "vocab.txt").write_text("\n".join(SPECIALS + [".", ","] + words) + "\n")
+    data, out = root / "data", root / "runs"
+    load_script("prepare_novels").main(
+        ["--novels", *map(str, sorted(novels.glob("*.txt"))), "--held_out", "gamma", "--vocab_dir",
+         str(novels / "vocab"), "--passage_tokens", "16", "--test_every", "3", "--output_dir", str(data)]
+    )  # fmt: skip
+    mlm = ["--train_file", str(data / "mlm/train.txt"), "--validation_file", str(data / "mlm/validation.txt"),
+           "--tokenizer_name", str(data / "tokenizer"), "--max_seq_length", "16",
+           "--per_device_train_batch_size", "4",
+           "--max_steps", "4", "--eval_strategy", "steps", "--eval_steps", "2", "--logging_steps", "2",
+           "--eval_before_training", "--cache_dir", str(root / "cache"), *QUIET]  # fmt: skip
+    pretrain([*mlm, "--config_overrides", ORCHID, "--output_dir", str(out / "pretrain-orchid")])
+    pretrain([*mlm, "--model_type", "bert", "--config_overrides", BERT, "--output_dir", str(out / "pretrain-bert")])
+    task = ["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
+            str(data / "attribution-16/validation.csv"), "--max_seq_length", "16", "--max_steps", "2",
+            *QUIET]  # fmt: skip
+    for seed in (0, 1):
+        finetune([*task, "--seed", str(seed), "--model_name_or_path", str(out / "pretrain-orchid"),
+                  "--output_dir", str(out / f"attribution-16-orchid-pretrained-s{seed}")])  # fmt: skip
+    finetune([*task, "--model_name_or_path", str(out / "pretrain-bert"),
+              "--output_dir", str(out / "attribution-16-bert-pretrained-s0")])  # fmt: skip
+    finetune([*task, "--model_type", "bert", "--config_overrides", BERT, "--tokenizer_name", str(data / "tokenizer"),
+              "--output_dir", str(out / "attribution-16-bert-scratch-s0")])  # fmt: skip
+    images = write_idx_folder(root / "idx", train=24, test=12)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    image_args = ["--train_dir", str(images), "--recipe", "orchid-vit-digits", "--num_train_epochs", "1",
+                  "--per_device_train_batch_size", "8", "--class_names", "left", "middle", "right", *QUIET]  # fmt: skip
+    image = "num_channels=1,image_size=28,patch_size=7,hidden_size=16,num_hidden_layers=1"
+    train_image = load_script("train_image").main
+    train_image([*image_args, "--config_overrides", image, "--output_dir", str(out / "fashion-orchid-s0")])
+    vit = f"{image},num_attention_heads=2,intermediate_size=32"
+    vit_folder = str(out / "fashion-vit-s0")
+    train_image([*image_args, "--model_type", "vit", "--config_overrides", vit, "--output_dir", vit_folder])
+    load_script("image_baseline").main(["--train_dir", str(images), "--output_dir", str(out / "fashion-logreg"),
+                                        "--class_names", "left", "middle", "right", "--max_iter", "20"])  # fmt: skip
+    (out / "attribution-16-orchid-scratch-s0").mkdir()  # unfinished: no results.json, not collected
+    return out
+
+
+def skeleton(path: Path, names=BLOCKS) -> Path:
+    text = "# Report\n\nWritten by hand.\n\n"
+    text += "\n\n".join(f"<!-- real-data:{n} -->\nold\n<!-- /real-data:{n} -->" for n in names) + "\n\nThe end.\n"
+    path.write_text(text)
+    return path
+
+
+def test_report_tables_come_from_the_runs(runs, tmp_path):
+    results = tmp_path / "results"
+    names = collect_runs(runs, results)
+    assert names == [
+        "attribution-16-bert-pretrained-s0", "attribution-16-bert-scratch-s0", "attribution-16-orchid-pretrained-s0",
+        "attribution-16-orchid-pretrained-s1", "fashion-logreg", "fashion-orchid-s0", "fashion-vit-s0",
+        "pretrain-bert", "pretrain-orchid",
+    ]  # fmt: skip
+    records = load_records(results)
+    assert len(records["pretraining"]) == 2 and len(records["attribution"]) == 4 and len(records["image"]) == 3
+
+    orchid = json.loads((results / "pretrain-orchid.json").read_text())
+    own = json.loads((runs / "pretrain-orchid" / "results.json").read_text())
+    assert orchid["num_parameters"] == own["num_parameters"]
+    # Word, position and token-type tables of width 32.
+    config = json.loads((runs / "pretrain-orchid" / "config.json").read_text())
+    rows = config["vocab_size"] + config["max_position_embeddings"] + config["type_vocab_size"]
+    assert orchid["num_parameters"] - orchid["num_parameters_without_embeddings"] == rows * 32
+    assert [p["step"] for p in orchid["curve"]] == [0, 2, 4]
+    seconds = [p["train_seconds"] for p in orchid["curve"]]
+    assert seconds[0] == 0 < seconds[1] <= seconds[2]
+    assert orchid["eval"]["loss"] == own["eval"]["eval_loss"]
+
+    report, readme = skeleton(tmp_path / "real_data.md"), skeleton(tmp_path / "README.md", ["headline"])
+    script = load_script("real_data_report")
+    blocks = script.main(["--results", str(results), "--report", str(report), "--readme", str(readme)])
+    text = report.read_text()
+    assert text.startswith("# Report\n\nWritten by hand.") and text.endswith("The end.\n") and "\nold\n" not in text
+    for name in BLOCKS:
+        assert f"<!-- real-data:{name} -->\n{blocks[name]}\n<!-- /real-data:{name} -->" in text
+    assert f"<!-- real-data:headline -->\n{blocks['headline']}\n" in readme.read_text()
+
+    accuracy = json.loads((runs / "pretrain-bert" / "results.json").read_text())["eval"]["eval_masked_accuracy"]
+    assert f"| BERT {100 * accuracy:.1f}% |" in blocks["headline"]
+    seeds = [json.loads((results / f"attribution-16-orchid-pretrained-s{s}.json").read_text()) for s in (0, 1)]
+    seeds = [record["accuracy"] for record in seeds]
+    row = f"| 16 tokens | Orchid | pretrained | {50 * sum(seeds):.1f} ({100 * seeds[0]:.1f} / {100 * seeds[1]:.1f}) |"
+    assert row in blocks["attribution"]
+    assert re.search(r"\| 16 tokens \| BERT \| scratch \| \d+\.\d \| \d+\.\d min \|", blocks["attribution"])
+    logreg = json.loads((runs / "fashion-logreg" / "results.json").read_text())
+    assert f"| logistic regression | 2k | {100 * logreg['accuracy']:.2f} |" in blocks["images"]
+    assert f"logistic regression {100 * logreg['accuracy']:.2f}%" in blocks["headline"]
+    assert (tmp_path / "real_data_pretraining.png").stat().st_size > 0
+    assert (tmp_path / "real_data_confusion.png").stat().st_size > 0
+
+
+def test_report_errors_name_what_is_missing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has no finished run"):
+        collect_runs(tmp_path / "empty", tmp_path / "results")
+    with pytest.raises(ValueError, match="holds no records"):
+        render_report(tmp_path / "empty", tmp_path / "report.md")
+    with pytest.raises(ValueError, match="no <!-- real-data:images --> ... <!-- /real-data:images --> block"):
+        replace_block("text", "images", "table")
