@@ -46,18 +46,23 @@ $PY scripts/pretrain_mlm.py $common --model_type bert --config_overrides $BERT_T
 END
     ;;
 attribution)
-    for length in 128 512; do
-        for seed in 0 1; do
-            for arch in orchid bert; do
-                data="--train_file $OUT/austen/attribution-$length/train.csv \
---validation_file $OUT/austen/attribution-$length/validation.csv --max_seq_length $length --num_train_epochs 1 \
+    # Pretrained models first: theirs is the main comparison.
+    for init in pretrained scratch; do
+        for length in 128 512; do
+            for seed in 0 1; do
+                for arch in orchid bert; do
+                    data="--train_file $OUT/austen/attribution-$length/train.csv \
+--validation_file $OUT/austen/attribution-$length/validation.csv --max_seq_length $length --num_train_epochs 2 \
 --per_device_train_batch_size 32 --save_strategy no --report_to none --threads 1 --seed $seed --disable_tqdm True"
-                overrides=$([ $arch = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT")
-                name=attribution-$length-$arch
-                echo "$PY scripts/finetune_glue.py $data --model_name_or_path $OUT/pretrain-$arch \
---output_dir $OUT/$name-pretrained-s$seed > $OUT/$name-pretrained-s$seed.log 2>&1"
-                echo "$PY scripts/finetune_glue.py $data --model_type $arch --config_overrides $overrides \
---tokenizer_name $OUT/austen/tokenizer --output_dir $OUT/$name-scratch-s$seed > $OUT/$name-scratch-s$seed.log 2>&1"
+                    name=$OUT/attribution-$length-$arch-$init-s$seed
+                    if [ $init = pretrained ]; then
+                        model="--model_name_or_path $OUT/pretrain-$arch"
+                    else
+                        overrides=$([ $arch = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT")
+                        model="--model_type $arch --config_overrides $overrides --tokenizer_name $OUT/austen/tokenizer"
+                    fi
+                    echo "$PY scripts/finetune_glue.py $data $model --output_dir $name > $name.log 2>&1"
+                done
             done
         done
     done | run_all
