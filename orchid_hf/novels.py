@@ -81,14 +81,30 @@ def write_mlm_corpus(paths: list[str | Path], held_out: str, out_dir: str | Path
 
 
 def chapter_passages(chapter: list[str], tokenizer, passage_tokens: int) -> list[str]:
-    """A chapter cut into passages of exactly ``passage_tokens`` tokens once [CLS] and [SEP] are added (the rest
-    of the chapter, shorter than a passage, is dropped). Each passage is the text of its word pieces, which the same
-    tokenizer turns back into the same pieces."""
+    """A chapter cut into passages of at most ``passage_tokens`` tokens once [CLS] and [SEP] are added, made of
+    whole words (a word's WordPiece continuations, ``##...``, stay with it), so that the tokenizer turns each
+    passage's text back into the same pieces. A passage is closed when the next word would not fit; the rest of the
+    chapter, if shorter than half a passage, is dropped."""
     if passage_tokens < 3:
         raise ValueError(f"passage_tokens must be >= 3 ([CLS], [SEP] and a token), got {passage_tokens}")
-    pieces = tokenizer.tokenize(" ".join(chapter))
     size = passage_tokens - 2
-    return [tokenizer.convert_tokens_to_string(pieces[i : i + size]) for i in range(0, len(pieces) - size + 1, size)]
+    words: list[list[str]] = []
+    for piece in tokenizer.tokenize(" ".join(chapter)):
+        if piece.startswith("##") and words:
+            words[-1].append(piece)
+        else:
+            words.append([piece])
+    passages, current = [], []
+    for word in words:
+        if len(word) > size:  # a word longer than a passage (never in prose): left out
+            continue
+        if len(current) + len(word) > size:
+            passages.append(current)
+            current = []
+        current += word
+    if len(current) * 2 >= size:
+        passages.append(current)
+    return [tokenizer.convert_tokens_to_string(pieces) for pieces in passages]
 
 
 def is_test_chapter(index: int, test_every: int) -> bool:
@@ -100,8 +116,9 @@ def write_attribution_task(
     paths: list[str | Path], tokenizer, passage_tokens: int, out_dir: str | Path, test_every: int = 5
 ) -> dict:
     """Passage-to-novel attribution: ``train.csv`` and ``validation.csv`` with columns ``sentence`` (a passage of
-    ``passage_tokens`` tokens) and ``label`` (the novel's file name), split by chapter so that no chapter gives
-    passages to both (:func:`is_test_chapter`). Returns the passage counts per split and novel."""
+    at most ``passage_tokens`` tokens, :func:`chapter_passages`) and ``label`` (the novel's file name), split by
+    chapter so that no chapter gives passages to both (:func:`is_test_chapter`). Returns the passage counts per
+    split and novel."""
     if test_every < 2:
         raise ValueError(f"test_every must be >= 2 (one chapter in test_every is a test chapter), got {test_every}")
     out_dir = Path(out_dir)

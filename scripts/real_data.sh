@@ -79,7 +79,7 @@ images)
 --output_dir $OUT/fashion-vit-s$seed > $OUT/fashion-vit-s$seed.log 2>&1"
         done
         echo "OMP_NUM_THREADS=1 $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
---class_names ${FASHION_CLASSES[*]@Q} --output_dir $OUT/fashion-logreg > $OUT/fashion-logreg.log 2>&1"
+--class_names ${FASHION_CLASSES[*]@Q} --max_iter 1000 --output_dir $OUT/fashion-logreg > $OUT/fashion-logreg.log 2>&1"
     } | run_all
     ;;
 report)

@@ -67,16 +67,31 @@ def test_mlm_corpus_holds_one_novel_out(novels, tmp_path):
         write_mlm_corpus(paths, "gamma", tmp_path)
 
 
-def test_passages_have_exactly_the_asked_number_of_tokens(novels):
+def test_passages_are_whole_words_that_tokenize_back_to_the_same_pieces(novels, tmp_path):
     tokenizer = BertTokenizer.from_pretrained(novels / "vocab", do_lower_case=True)
     chapter = split_chapters((novels / "alpha.txt").read_text().splitlines())[0]
     pieces = tokenizer.tokenize(" ".join(chapter))
+    # One piece per word. 14 per passage: three, and a tail of 9 kept (over half); 25: two, and a tail of 1 dropped.
+    assert len(pieces) == 51
     passages = chapter_passages(chapter, tokenizer, 16)
-    assert len(passages) == len(pieces) // 14
-    for passage in passages:
-        assert len(tokenizer(passage)["input_ids"]) == 16
+    assert [len(tokenizer(passage)["input_ids"]) for passage in passages] == [16, 16, 16, 11]
+    assert [len(tokenizer(passage)["input_ids"]) for passage in chapter_passages(chapter, tokenizer, 27)] == [27, 27]
     with pytest.raises(ValueError, match="passage_tokens must be >= 3"):
         chapter_passages(chapter, tokenizer, 2)
+
+    # Words of several pieces stay whole: a passage never starts inside a word, and its text gives its pieces back.
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIALS + ["walk", "talk", "##ing", "##s", "."]) + "\n")
+    pieced = BertTokenizer.from_pretrained(tmp_path, do_lower_case=True)
+    paragraph = ["walking talks walk. talking walks walking walk talk."] * 3
+    pieces = pieced.tokenize(" ".join(paragraph))
+    passages = chapter_passages(paragraph, pieced, 6)  # at most 4 pieces each
+    joined = []
+    for passage in passages:
+        own = pieced.tokenize(passage)
+        assert 2 <= len(own) <= 4 and not own[0].startswith("##")
+        assert pieced.convert_tokens_to_string(own) == passage
+        joined += own
+    assert joined == pieces[: len(joined)] and len(pieces) - len(joined) < 2  # only a short tail is dropped
 
 
 def test_attribution_split_keeps_every_chapter_on_one_side(novels, tmp_path):
