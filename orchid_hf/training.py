@@ -405,15 +405,18 @@ def filter_parameter_names(model: torch.nn.Module) -> list[str]:
 
 
 class TrainingClock(TrainerCallback):
-    """Seconds of training since ``train()`` began, evaluation excluded (``RecipeTrainer`` adds them to every log
-    entry as ``train_seconds``, so learning curves can be drawn against wall time as well as steps)."""
+    """Seconds of training, evaluation excluded (``RecipeTrainer`` adds them to every log entry as
+    ``train_seconds``, so learning curves can be drawn against wall time as well as steps). A run resumed from a
+    checkpoint continues from the time its log history ends with."""
 
     def __init__(self):
         self.start: float | None = None
         self.evaluation_seconds = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start, self.evaluation_seconds = time.perf_counter(), 0.0
+        earlier = [entry["train_seconds"] for entry in state.log_history if "train_seconds" in entry]
+        # Starting earlier[-1] seconds in the past continues the resumed run's clock.
+        self.start, self.evaluation_seconds = time.perf_counter() - (earlier[-1] if earlier else 0.0), 0.0
 
     def add_to(self, logs: dict) -> None:
         if self.start is None:

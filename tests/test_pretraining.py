@@ -188,7 +188,7 @@ def test_training_clock_leaves_out_evaluation_time(monkeypatch):
     outside = {"init_loss": 1.0, "init_runtime": 3.0}
     clock.add_to(outside)  # an evaluation before training: no training time yet
     assert "train_seconds" not in outside
-    clock.on_train_begin(None, None, None)
+    clock.on_train_begin(None, SimpleNamespace(log_history=[]), None)
     now[0] = 110.0
     logs = [{"loss": 2.0}]
     clock.add_to(logs[-1])
@@ -252,7 +252,11 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(corpus, tmp_path)
     first_batches, _, _ = _train(corpus, tmp_path / "resumed", callbacks=[StopAt(4)])
     assert len(first_batches) == 4
     checkpoint = str(tmp_path / "resumed" / "checkpoint-4")
-    second_batches, resumed_weights, _ = _train(corpus, tmp_path / "resumed", resume=checkpoint)
+    second_batches, resumed_weights, resumed = _train(corpus, tmp_path / "resumed", resume=checkpoint)
+    # The training clock goes on from where the checkpoint's log history ends.
+    seconds = [(e["step"], e["train_seconds"]) for e in resumed.state.log_history if "train_seconds" in e]
+    assert [step for step, _ in seconds] == [2, 4, 6, 8, 10, 10]
+    assert [value for _, value in seconds] == sorted(value for _, value in seconds)
 
     # Nothing lost, nothing repeated: the same 10 batches, with the same masks, in the same order.
     assert len(full_batches) == 10 and len(second_batches) == 6
