@@ -18,7 +18,8 @@ from pathlib import Path
 from .training import write_json
 
 # Run folders of scripts/real_data.sh.
-PRETRAIN_RUN = re.compile(r"^pretrain-(?P<arch>[a-z]+)$")
+# pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate).
+PRETRAIN_RUN = re.compile(r"^pretrain-(?P<arch>[a-z]+)(-(?P<variant>.+))?$")
 ATTRIBUTION_RUN = re.compile(
     r"^attribution-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)-s(?P<seed>\d+)$"
 )
@@ -50,7 +51,14 @@ def embedding_parameters(folder: Path) -> int:
     return total
 
 
-def pretraining_record(folder: Path, arch: str) -> dict:
+def peak_learning_rate(folder: Path) -> float:
+    """The run's --learning_rate, from the ``training_args.bin`` that Trainer saves with the model."""
+    import torch
+
+    return float(torch.load(folder / "training_args.bin", weights_only=False).learning_rate)
+
+
+def pretraining_record(folder: Path, arch: str, variant: str | None = None) -> dict:
     results = _read(folder / "results.json")
     history = _read(folder / "trainer_state.json")["log_history"]
     init = results.get("init", {})
@@ -70,6 +78,8 @@ def pretraining_record(folder: Path, arch: str) -> dict:
     return {
         "kind": "pretraining",
         "arch": arch,
+        "variant": variant,
+        "learning_rate": peak_learning_rate(folder),
         "model_type": results["model_type"],
         "config": {k: config.get(k) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
                                               "max_position_embeddings", "vocab_size", "num_attention_heads")},
@@ -133,7 +143,7 @@ def collect_runs(runs_dir: str | Path, results_dir: str | Path) -> list[str]:
     for folder in sorted(p for p in runs_dir.iterdir() if (p / "results.json").is_file()):
         name = folder.name
         if match := PRETRAIN_RUN.match(name):
-            record = pretraining_record(folder, match["arch"])
+            record = pretraining_record(folder, match["arch"], match["variant"])
         elif match := ATTRIBUTION_RUN.match(name):
             record = attribution_record(folder, match)
         elif match := IMAGE_RUN.match(name):
@@ -191,17 +201,21 @@ def _group(records: list[dict], *keys: str) -> dict[tuple, list[dict]]:
     return groups
 
 
+def _pretraining_order(record: dict) -> tuple:
+    return (record["arch"] != "orchid", record["arch"], record.get("variant") is not None, record.get("variant") or "")
+
+
 def pretraining_table(records: list[dict]) -> str:
     rows = [
-        "| model | parameters | without embeddings | steps | training time | held-out MLM loss | "
+        "| model | parameters | without embeddings | peak lr | steps | training time | held-out MLM loss | "
         "held-out masked-token accuracy |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(records, key=lambda r: r["arch"] != "orchid"):
+    for r in sorted(records, key=_pretraining_order):
         rows.append(
             f"| {ARCH_NAMES.get(r['arch'], r['arch'])} | {r['num_parameters'] / 1e6:.2f}M | "
-            f"{r['num_parameters_without_embeddings'] / 1e6:.2f}M | {r['steps']} | {r['train_runtime'] / 60:.1f} min | "
-            f"{r['eval']['loss']:.3f} | {100 * r['eval']['masked_accuracy']:.1f}% |"
+            f"{r['num_parameters_without_embeddings'] / 1e6:.2f}M | {r['learning_rate']:g} | {r['steps']} | "
+            f"{r['train_runtime'] / 60:.1f} min | {r['eval']['loss']:.3f} | {100 * r['eval']['masked_accuracy']:.1f}% |"
         )
     return "\n".join(rows)
 
@@ -239,7 +253,7 @@ def image_table(records: list[dict]) -> str:
 def headline_table(records: dict[str, list[dict]]) -> str:
     """One line per comparison, for the README."""
     rows = ["| real data | Orchid | baseline | details |", "|---|---|---|---|"]
-    pretraining = {r["arch"]: r for r in records["pretraining"]}
+    pretraining = {r["arch"]: r for r in records["pretraining"] if not r.get("variant")}
     if {"orchid", "bert"} <= set(pretraining):
         o, b = pretraining["orchid"], pretraining["bert"]
         rows.append(
@@ -280,8 +294,8 @@ def plot_pretraining(records: list[dict], path: str | Path) -> None:
     figure = Figure(figsize=(10, 7))
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2)
-    for record in sorted(records, key=lambda r: r["arch"] != "orchid"):
-        label = f"{ARCH_NAMES.get(record['arch'], record['arch'])} ({record['num_parameters'] / 1e6:.1f}M)"
+    for record in sorted(records, key=_pretraining_order):
+        label = f"{ARCH_NAMES.get(record['arch'], record['arch'])}, lr {record['learning_rate']:g}"
         steps = [p["step"] for p in record["curve"]]
         minutes = [p["train_seconds"] / 60 for p in record["curve"]]
         for row, metric in enumerate(("loss", "masked_accuracy")):

@@ -55,6 +55,8 @@ def runs(tmp_path_factory):
            "--eval_before_training", "--cache_dir", str(root / "cache"), *QUIET]  # fmt: skip
     pretrain([*mlm, "--config_overrides", ORCHID, "--output_dir", str(out / "pretrain-orchid")])
     pretrain([*mlm, "--model_type", "bert", "--config_overrides", BERT, "--output_dir", str(out / "pretrain-bert")])
+    pretrain([*mlm, "--model_type", "bert", "--config_overrides", BERT, "--learning_rate", "1e-4",
+              "--output_dir", str(out / "pretrain-bert-lr1e-4")])  # fmt: skip
     task = ["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
             str(data / "attribution-16/validation.csv"), "--max_seq_length", "16", "--max_steps", "2",
             *QUIET]  # fmt: skip
@@ -94,10 +96,10 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     assert names == [
         "attribution-16-bert-pretrained-s0", "attribution-16-bert-scratch-s0", "attribution-16-orchid-pretrained-s0",
         "attribution-16-orchid-pretrained-s1", "fashion-logreg", "fashion-orchid-s0", "fashion-vit-s0",
-        "pretrain-bert", "pretrain-orchid",
+        "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
     ]  # fmt: skip
     records = load_records(results)
-    assert len(records["pretraining"]) == 2 and len(records["attribution"]) == 4 and len(records["image"]) == 3
+    assert len(records["pretraining"]) == 3 and len(records["attribution"]) == 4 and len(records["image"]) == 3
 
     orchid = json.loads((results / "pretrain-orchid.json").read_text())
     own = json.loads((runs / "pretrain-orchid" / "results.json").read_text())
@@ -110,6 +112,9 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     seconds = [p["train_seconds"] for p in orchid["curve"]]
     assert seconds[0] == 0 < seconds[1] <= seconds[2]
     assert orchid["eval"]["loss"] == own["eval"]["eval_loss"]
+    assert (orchid["learning_rate"], orchid["variant"]) == (8e-4, None)  # the recipe's
+    variant = json.loads((results / "pretrain-bert-lr1e-4.json").read_text())
+    assert (variant["learning_rate"], variant["variant"], variant["arch"]) == (1e-4, "lr1e-4", "bert")
 
     report, readme = skeleton(tmp_path / "real_data.md"), skeleton(tmp_path / "README.md", ["headline"])
     script = load_script("real_data_report")
@@ -121,7 +126,8 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     assert f"<!-- real-data:headline -->\n{blocks['headline']}\n" in readme.read_text()
 
     accuracy = json.loads((runs / "pretrain-bert" / "results.json").read_text())["eval"]["eval_masked_accuracy"]
-    assert f"| BERT {100 * accuracy:.1f}% |" in blocks["headline"]
+    assert f"| BERT {100 * accuracy:.1f}% |" in blocks["headline"]  # the recipe's run, not the variant
+    assert [line.split(" | ")[3] for line in blocks["pretraining"].splitlines()[2:5]] == ["0.0008", "0.0008", "0.0001"]
     seeds = [json.loads((results / f"attribution-16-orchid-pretrained-s{s}.json").read_text()) for s in (0, 1)]
     seeds = [record["accuracy"] for record in seeds]
     row = f"| 16 tokens | Orchid | pretrained | {50 * sum(seeds):.1f} ({100 * seeds[0]:.1f} / {100 * seeds[1]:.1f}) |"
