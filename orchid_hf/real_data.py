@@ -25,6 +25,7 @@ ATTRIBUTION_RUN = re.compile(
 )
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
+IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
 TIME_NOTE = "¹ Wall-clock training time with evaluation left out, each run on one thread beside one other run."
 MARKER = "<!-- real-data:{name} -->"
 END_MARKER = "<!-- /real-data:{name} -->"
@@ -249,9 +250,8 @@ def image_table(records: list[dict]) -> str:
         "| model | parameters | test accuracy % (mean; seeds) | training time¹ (mean) |",
         "|---|---|---|---|",
     ]
-    order = {"orchid": 0, "vit": 1, "logreg": 2}
     groups = _group(records, "arch")
-    for (arch,), group in sorted(groups.items(), key=lambda item: order.get(item[0][0], 9)):
+    for (arch,), group in sorted(groups.items(), key=lambda item: IMAGE_ORDER.get(item[0][0], 9)):
         seconds = statistics.mean(r["train_seconds"] for r in group)
         rows.append(
             f"| {ARCH_NAMES.get(arch, arch)} | {group[0]['num_parameters'] / 1e3:.0f}k | "
@@ -333,8 +333,8 @@ def plot_confusion_matrices(records: list[dict], path: str | Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    order = {"orchid": 0, "vit": 1, "logreg": 2}
-    chosen = [group[0] for _, group in sorted(_group(records, "arch").items(), key=lambda i: order.get(i[0][0], 9))]
+    groups = sorted(_group(records, "arch").items(), key=lambda item: IMAGE_ORDER.get(item[0][0], 9))
+    chosen = [group[0] for _, group in groups]
     figure = Figure(figsize=(6 * len(chosen), 5.6))
     FigureCanvasAgg(figure)
     for index, record in enumerate(chosen):
