@@ -146,9 +146,12 @@ def image_record(folder: Path, match: re.Match) -> dict:
     return record
 
 
-def collect_runs(runs_dir: str | Path, results_dir: str | Path) -> list[str]:
+def collect_runs(
+    runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1, runs_at_a_time: int = 2
+) -> list[str]:
     """One JSON per finished run of ``runs_dir`` (a run is finished when its folder has ``results.json``) in
-    ``results_dir``, plus ``machine.json``; returns the run names collected."""
+    ``results_dir``, plus ``machine.json`` (:func:`machine_description`, with the threads of each run and the runs
+    at a time that scripts/real_data.sh used); returns the run names collected."""
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
     collected = []
     for folder in sorted(p for p in runs_dir.iterdir() if (p / "results.json").is_file()):
@@ -165,11 +168,12 @@ def collect_runs(runs_dir: str | Path, results_dir: str | Path) -> list[str]:
         collected.append(name)
     if not collected:
         raise ValueError(f"{runs_dir} has no finished run (a folder with results.json) of scripts/real_data.sh")
-    write_json(results_dir / "machine.json", machine_description())
+    write_json(results_dir / "machine.json", machine_description(threads_per_run, runs_at_a_time))
     return collected
 
 
-def machine_description() -> dict:
+def machine_description(threads_per_run: int = 1, runs_at_a_time: int = 2) -> dict:
+    """This machine, and how the runs shared it: ``threads_per_run`` threads each, ``runs_at_a_time`` at a time."""
     import os
 
     import torch
@@ -179,8 +183,8 @@ def machine_description() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
-        "threads_per_run": 1,
-        "runs_at_a_time": 2,
+        "threads_per_run": threads_per_run,
+        "runs_at_a_time": runs_at_a_time,
     }
 
 
@@ -203,6 +207,11 @@ def _mean_and_runs(values: list[float], scale: float = 100.0, digits: int = 1) -
     if len(values) == 1:
         return runs
     return f"{statistics.mean(values) * scale:.{digits}f} ({runs})"
+
+
+def _mean_minutes(group: list[dict]) -> float:
+    """The mean training time of the runs in ``group``, in minutes."""
+    return statistics.mean(r["train_seconds"] for r in group) / 60
 
 
 def _group(records: list[dict], *keys: str) -> dict[tuple, list[dict]]:
@@ -237,10 +246,9 @@ def attribution_table(records: list[dict]) -> str:
         "|---|---|---|---|---|",
     ]
     for (length, init, arch), group in _group(records, "length", "init", "arch").items():
-        seconds = statistics.mean(r["train_seconds"] for r in group)
         rows.append(
             f"| {length} tokens | {ARCH_NAMES.get(arch, arch)} | {init} | "
-            f"{_mean_and_runs([r['accuracy'] for r in group])} | {seconds / 60:.1f} min |"
+            f"{_mean_and_runs([r['accuracy'] for r in group])} | {_mean_minutes(group):.1f} min |"
         )
     return "\n".join(rows)
 
@@ -252,10 +260,9 @@ def image_table(records: list[dict]) -> str:
     ]
     groups = _group(records, "arch")
     for (arch,), group in sorted(groups.items(), key=lambda item: IMAGE_ORDER.get(item[0][0], 9)):
-        seconds = statistics.mean(r["train_seconds"] for r in group)
         rows.append(
             f"| {ARCH_NAMES.get(arch, arch)} | {group[0]['num_parameters'] / 1e3:.0f}k | "
-            f"{_mean_and_runs([r['accuracy'] for r in group], digits=2)} | {seconds / 60:.1f} min |"
+            f"{_mean_and_runs([r['accuracy'] for r in group], digits=2)} | {_mean_minutes(group):.1f} min |"
         )
     return "\n".join(rows)
 
@@ -276,7 +283,7 @@ def headline_table(records: dict[str, list[dict]]) -> str:
         o, b = groups.get((length, "orchid")), groups.get((length, "bert"))
         if o and b:
             mean = [statistics.mean(r["accuracy"] for r in g) for g in (o, b)]
-            time = [statistics.mean(r["train_seconds"] for r in g) / 60 for g in (o, b)]
+            time = [_mean_minutes(g) for g in (o, b)]
             rows.append(
                 f"| novel attribution, {length}-token passages, pretrained | {100 * mean[0]:.1f}% | "
                 f"BERT {100 * mean[1]:.1f}% | {len(o)} seeds; fine-tuning {time[0]:.1f} vs {time[1]:.1f} min |"
@@ -286,7 +293,7 @@ def headline_table(records: dict[str, list[dict]]) -> str:
         o, v = images[("orchid",)], images[("vit",)]
         floor = images.get(("logreg",))
         floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
-        time = [statistics.mean(r["train_seconds"] for r in g) / 60 for g in (o, v)]
+        time = [_mean_minutes(g) for g in (o, v)]
         rows.append(
             f"| Fashion-MNIST test accuracy | {100 * statistics.mean(r['accuracy'] for r in o):.2f}% | "
             f"ViT {100 * statistics.mean(r['accuracy'] for r in v):.2f}% | {len(o)} seeds; training {time[0]:.0f} vs "
@@ -333,26 +340,19 @@ def plot_confusion_matrices(records: list[dict], path: str | Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from .vision.report import draw_confusion_matrix
+
     groups = sorted(_group(records, "arch").items(), key=lambda item: IMAGE_ORDER.get(item[0][0], 9))
     chosen = [group[0] for _, group in groups]
     figure = Figure(figsize=(6 * len(chosen), 5.6))
     FigureCanvasAgg(figure)
     for index, record in enumerate(chosen):
-        ax = figure.add_subplot(1, len(chosen), index + 1)
-        matrix = record["confusion_matrix"]
-        names = list(record["per_class_accuracy"])
-        ax.imshow(matrix, cmap="Blues")
-        ax.set_xticks(range(len(names)), labels=names, rotation=90, fontsize=8)
-        ax.set_yticks(range(len(names)), labels=names, fontsize=8)
-        peak = max(max(row) for row in matrix)
-        for i, row in enumerate(matrix):
-            for j, count in enumerate(row):
-                ax.text(j, i, str(count), ha="center", va="center", fontsize=6,
-                        color="white" if count > peak / 2 else "black")  # fmt: skip
         name = ARCH_NAMES.get(record["arch"], record["arch"])
         seed = "" if record["arch"] == "logreg" else f" (seed {record['seed']})"  # lbfgs: no seed to speak of
         title = f"{name}{seed}: {100 * record['accuracy']:.2f}%"
-        ax.set(xlabel="predicted", ylabel="true", title=title)
+        ax = figure.add_subplot(1, len(chosen), index + 1)
+        names = list(record["per_class_accuracy"])
+        draw_confusion_matrix(ax, record["confusion_matrix"], names, title, fontsize=8, rotation=90)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 

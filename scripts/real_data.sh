@@ -8,14 +8,15 @@
 #                                                      # 2 seeds); BERT pretrained again at a lower learning rate
 #   bash scripts/real_data.sh report                   # docs/results/real_data.md, its JSON and plots, from the runs
 #
-# `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on one thread, so
-# the two cores are shared alike by the models compared. DATA is the folder of ../shared/data's layout (austen/,
-# bert-base-uncased/, fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands.
+# `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
+# thread, so the two cores are shared alike by the models compared. DATA is the folder of ../shared/data's layout
+# (austen/, bert-base-uncased/, fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 OUT=${OUT:-outputs/real_data}
 JOBS=${JOBS:-2}
+THREADS=${THREADS:-1}
 PY=${PY:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
@@ -35,7 +36,7 @@ run_all() { xargs -P "$JOBS" -I{} -d '\n' bash -c '{}'; }
 MLM="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/validation.txt \
 --tokenizer_name $OUT/austen/tokenizer --max_seq_length 128 --per_device_train_batch_size 32 \
 --per_device_eval_batch_size 32 --max_steps 400 --eval_strategy steps --eval_steps 50 --logging_steps 10 \
---max_eval_samples 256 --eval_before_training --save_strategy no --report_to none --threads 1 --seed 0 --bf16 False"
+--max_eval_samples 256 --eval_before_training --save_strategy no --report_to none --threads $THREADS --seed 0 --bf16 False"
 
 jobs() {
     case "$1" in
@@ -59,7 +60,7 @@ jobs() {
                     for arch in orchid bert; do
                         local data="--train_file $OUT/austen/attribution-$length/train.csv \
 --validation_file $OUT/austen/attribution-$length/validation.csv --max_seq_length $length --num_train_epochs 1 \
---learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no --report_to none --threads 1 --seed $seed --disable_tqdm True"
+--learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --seed $seed --disable_tqdm True"
                         local name=$OUT/attribution-$length-$arch-$init-s$seed model
                         if [ $init = pretrained ]; then
                             model="--model_name_or_path $OUT/pretrain-$arch"
@@ -76,14 +77,14 @@ jobs() {
     images)
         local common="--train_dir $DATA/fashion-mnist --class_names ${FASHION_CLASSES[*]@Q} \
 --recipe orchid-vit-digits --num_train_epochs 5 --warmup_epochs 1 --crop_padding 2 --hflip True \
---save_strategy no --report_to none --threads 1 --disable_tqdm True"
+--save_strategy no --report_to none --threads $THREADS --disable_tqdm True"
         for seed in 0 1; do
             echo "$PY scripts/train_image.py $common --seed $seed --config_overrides $ORCHID_IMAGE \
 --output_dir $OUT/fashion-orchid-s$seed > $OUT/fashion-orchid-s$seed.log 2>&1"
             echo "$PY scripts/train_image.py $common --seed $seed --model_type vit --config_overrides $VIT_IMAGE \
 --output_dir $OUT/fashion-vit-s$seed > $OUT/fashion-vit-s$seed.log 2>&1"
         done
-        echo "OMP_NUM_THREADS=1 $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
+        echo "OMP_NUM_THREADS=$THREADS $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
 --class_names ${FASHION_CLASSES[*]@Q} --max_iter 1000 --output_dir $OUT/fashion-logreg > $OUT/fashion-logreg.log 2>&1"
         ;;
     *)
@@ -106,7 +107,7 @@ jobs | run)
     if [ "$command" = jobs ]; then echo "$commands"; else echo "$commands" | run_all; fi
     ;;
 report)
-    $PY scripts/real_data_report.py --runs "$OUT"
+    $PY scripts/real_data_report.py --runs "$OUT" --threads-per-run "$THREADS" --jobs "$JOBS"
     ;;
 *)
     echo "usage: bash scripts/real_data.sh {prepare|run STAGE...|jobs STAGE...|report}" >&2

@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--results", default="docs/results/real_data", help="Where the per-run JSONs are kept.")
     parser.add_argument("--report", default="docs/results/real_data.md")
     parser.add_argument("--readme", default="README.md", help="Its headline block is filled too ('' for none).")
+    parser.add_argument("--threads-per-run", type=int, default=1, help="Threads of each run (THREADS), for --runs.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (JOBS), for --runs.")
     args = parser.parse_args(argv)
     if args.runs:
-        names = collect_runs(args.runs, args.results)
+        names = collect_runs(args.runs, args.results, args.threads_per_run, args.jobs)
         print(f"kept {len(names)} runs in {args.results}")
     blocks = render_report(args.results, args.report, args.readme or None)
     print(blocks["headline"])

@@ -54,29 +54,45 @@ def confusion_matrix(labels: Sequence[int], predictions: Sequence[int], num_clas
     return matrix
 
 
+def draw_confusion_matrix(
+    axes, matrix, names: Sequence[str], title: str = "", fontsize: float = 10, rotation: float | None = None
+):
+    """One confusion matrix (rows: true class, columns: predicted) on the matplotlib Axes ``axes``: the counts in
+    blue, each written in its cell (white above half the largest count), the class names as tick labels in
+    ``fontsize`` points (the counts 2 points smaller), the predicted ones turned by ``rotation`` degrees (by default
+    90 with more than 10 classes, else 0). With more than 30 classes the labels and counts are left out, as they
+    would overlap. Returns the image that ``imshow`` made, for a colour bar."""
+    matrix = np.asarray(matrix)
+    n = len(names)
+    shown = axes.imshow(matrix, cmap="Blues")
+    axes.set(xlabel="predicted", ylabel="true", title=title)
+    if n <= 30:
+        if rotation is None:
+            rotation = 90 if n > 10 else 0
+        axes.set_xticks(range(n), labels=names, rotation=rotation, fontsize=fontsize)
+        axes.set_yticks(range(n), labels=names, fontsize=fontsize)
+        threshold = matrix.max() / 2 if matrix.size else 0
+        for (row, col), count in np.ndenumerate(matrix):
+            color = "white" if count > threshold else "black"
+            axes.text(col, row, str(count), ha="center", va="center", fontsize=fontsize - 2, color=color)
+    return shown
+
+
 def plot_confusion_matrix(
     matrix: np.ndarray, label_names: Sequence[str], path: str | os.PathLike, title: str = ""
 ) -> None:
-    """A confusion-matrix PNG (rows: true class, columns: predicted), drawn without pyplot's global state."""
+    """A confusion-matrix PNG (:func:`draw_confusion_matrix` with a colour bar), drawn without pyplot's global
+    state."""
     require_extra("matplotlib", "plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    n = len(label_names)
-    side = min(max(4.0, 0.45 * n + 2), 14.0)
+    side = min(max(4.0, 0.45 * len(label_names) + 2), 14.0)
     figure = Figure(figsize=(side, side * 0.9))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    shown = axes.imshow(matrix, cmap="Blues")
+    shown = draw_confusion_matrix(axes, matrix, label_names, title)
     figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04)
-    axes.set(xlabel="predicted", ylabel="true", title=title)
-    if n <= 30:  # with more classes, tick labels and counts would overlap
-        axes.set_xticks(range(n), labels=label_names, rotation=90 if n > 10 else 0)
-        axes.set_yticks(range(n), labels=label_names)
-        threshold = matrix.max() / 2 if matrix.size else 0
-        for (row, col), count in np.ndenumerate(matrix):
-            color = "white" if count > threshold else "black"
-            axes.text(col, row, str(count), ha="center", va="center", fontsize=8, color=color)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -121,4 +137,11 @@ def write_image_model_card(output_dir: str, results: dict, repo_id: str | None =
     )
 
 
-__all__ = ["EpochStatsCallback", "confusion_matrix", "peak_rss_mib", "plot_confusion_matrix", "write_image_model_card"]
+__all__ = [
+    "EpochStatsCallback",
+    "confusion_matrix",
+    "draw_confusion_matrix",
+    "peak_rss_mib",
+    "plot_confusion_matrix",
+    "write_image_model_card",
+]
