@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 try:  # optional: the DCT on the CPU, see `dct`
     import scipy.fft as scipy_fft
@@ -186,6 +187,35 @@ def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, 
         return idct(dct(x, dim, n) * multiplier, dim, length)
     spectrum = torch.fft.rfft(x, n=n, dim=dim) * multiplier
     return torch.fft.irfft(spectrum, n=n, dim=dim).narrow(dim, 0, length)
+
+
+def gated_long_convolution(
+    s1: torch.Tensor,
+    v: torch.Tensor,
+    s2: torch.Tensor,
+    multiplier: torch.Tensor,
+    mask: torch.Tensor | None,
+    transform: str,
+    n: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The chain of order 1.5 of Sec. 3.3, ``s2 * (h * (s1 * v))``, with the long convolution of
+    :func:`long_convolution` by ``multiplier`` in ``dtype``; ``s1 * v`` is cleared where ``mask`` (B, L, 1) is False."""
+    u = masked((s1 * v).to(dtype), mask)
+    return long_convolution(u, multiplier, transform, n) * s2
+
+
+def recomputed_in_backward(function, *args):
+    """``function(*args)``, keeping only ``args`` for backward and recomputing what ``function`` computed from them
+    when backward needs it (a non-reentrant :func:`torch.utils.checkpoint.checkpoint`); without autograd, a plain call.
+
+    The operator runs its long convolutions through this. Written out, autograd keeps the transform of each input and
+    the convolution before its gate, each the size of an activation (padded to the transform length); their inputs are
+    kept anyway (the gates by the short convolution's backward, the block input by ``in_proj``'s), and one transform
+    recomputes each. Nothing inside is a module, so no hook fires twice."""
+    if torch.is_grad_enabled() and any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
+        return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False)
+    return function(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,14 +809,13 @@ class OrchidOperator(nn.Module):
                 if self.conditioning is not None:
                     kernel = kernel + self.conditioning(group["source"].to(compute_dtype), n, source_mask, channels)
                 # y = s2 * (h * (s1 * v)), the chain of order 1.5 (Sec. 3.3).
-                u = masked((s1 * v).to(compute_dtype), mask)
-                y = long_convolution(u, kernel, self.transform, n)
-                if residual is None:
-                    y = y * s2
-                else:
+                y = recomputed_in_backward(
+                    gated_long_convolution, s1, v, s2, kernel, mask, self.transform, n, compute_dtype
+                )
+                if residual is not None:
                     multiplier = self.residual_filter.spectrum(compute_dtype, group["residual"], channels)
-                    block_input = long_convolution(group["x"].to(compute_dtype), multiplier, self.transform, n)
-                    y = torch.addcmul(block_input, y, s2)
+                    block_input = group["x"].to(compute_dtype)
+                    y = y + recomputed_in_backward(long_convolution, block_input, multiplier, self.transform, n)
                 outputs.append(masked(y, mask).to(x.dtype))
         return self.out_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1))
 

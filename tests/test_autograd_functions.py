@@ -1,10 +1,11 @@
-"""The training path's custom autograd Functions: gradients checked numerically, and results equal to the
-written-out computation they replace, for the Function alone and for a whole model."""
+"""The training path's custom autograd Functions and recomputed steps: gradients checked numerically, and results
+equal to the written-out computation they replace, for the step alone and for a whole model."""
 
 import pytest
 import torch
+from orchid_hf.modeling import orchid_layers
 from orchid_hf.modeling.modeling_orchid import OrchidMLP
-from orchid_hf.modeling.orchid_layers import GatedActivation
+from orchid_hf.modeling.orchid_layers import GatedActivation, OrchidOperator
 from torch import nn
 from transformers.activations import ACT2FN
 
@@ -106,3 +107,72 @@ def test_model_gradients_equal_the_written_out_glu():
     assert grads.keys() == reference_grads.keys() and len(grads) > 20
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The long convolutions, recomputed in backward (orchid_layers.recomputed_in_backward)
+# ---------------------------------------------------------------------------------------------
+
+
+def written_out(function, *args):
+    """A plain call, as autograd would record the long convolutions without recomputation."""
+    return function(*args)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_the_long_convolutions_keep_less_for_backward(transform, monkeypatch):
+    """Recomputed, the long convolutions keep only their inputs, which the layer keeps anyway. Written out, autograd
+    keeps for each of the two convolutions the transform of its input (B, N, d), and the convolution before its gate;
+    under the FFT, the transforms are complex (B, N/2 + 1, d), the input zero-padded to N is kept for each as well, and
+    the gate's operand is a view of the whole (B, N, d) inverse transform."""
+    torch.manual_seed(0)
+    batch, length, n, d = 2, 24, 32, 16
+    op = OrchidOperator(d, n, transform=transform, filter_width=8)
+    x = torch.randn(batch, length, d, requires_grad=True)
+    recomputed = saved_storage_bytes(op, x)
+    monkeypatch.setattr(orchid_layers, "recomputed_in_backward", written_out)
+    real = batch * d * 4  # bytes per position of a (B, ., d) float32 tensor
+    if transform == "dct":
+        kept = 2 * n * real + length * real
+    else:
+        kept = 2 * n * real + 2 * (n // 2 + 1) * 2 * real + n * real
+    assert saved_storage_bytes(op, x) - recomputed == kept
+
+
+@pytest.mark.parametrize("transform,conditioning", [("dct", "abs"), ("fft", "xcorr")])
+def test_model_gradients_equal_the_written_out_long_convolutions(transform, conditioning, monkeypatch):
+    """The masked-LM model's loss and every parameter's gradient, with padding on the left of one row and on the right
+    of another, equal those of the same model with the long convolutions written out (float32, 1e-6)."""
+    torch.manual_seed(0)
+    config = OrchidConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                          max_position_embeddings=16, hidden_dropout_prob=0.0, transform=transform,
+                          conditioning=conditioning, filter_width=8)  # fmt: skip
+    model = OrchidForMaskedLM(config).train()
+    ids = torch.randint(0, 50, (3, 16))
+    labels = torch.where(torch.rand(3, 16) < 0.3, ids, torch.full_like(ids, -100))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    mask[2, :5] = 0
+
+    def loss_and_grads():
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = loss_and_grads()
+    monkeypatch.setattr(orchid_layers, "recomputed_in_backward", written_out)
+    reference_loss, reference_grads = loss_and_grads()
+    torch.testing.assert_close(loss, reference_loss, rtol=0, atol=0)
+    assert grads.keys() == reference_grads.keys() and len(grads) > 20
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference_grads[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_the_operator_gradgradcheck_through_the_recomputed_long_convolutions(transform):
+    torch.manual_seed(0)
+    op = OrchidOperator(3, 7, transform=transform, conditioning="xcorr", filter_width=8).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]])
+    assert torch.autograd.gradgradcheck(lambda inp: op(inp, mask), (x,), eps=1e-6, atol=1e-5)
