@@ -20,9 +20,13 @@ from .training import write_json
 # Run folders of scripts/real_data.sh.
 # pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate).
 PRETRAIN_RUN = re.compile(r"^pretrain-(?P<arch>[a-z]+)(-(?P<variant>.+))?$")
+# attribution-128-orchid-pretrained-s0, or attribution-128-orchid-pretrained-mean-pooling-s0: a variant (one
+# fine-tuning setting changed, VARIANT_NAMES).
 ATTRIBUTION_RUN = re.compile(
-    r"^attribution-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)-s(?P<seed>\d+)$"
+    r"^attribution-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)(-(?P<variant>[a-z][a-z-]*))?"
+    r"-s(?P<seed>\d+)$"
 )
+VARIANT_NAMES = {"mean-pooling": "mean pooling", "no-filter-group": "filters in the common parameter group"}
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
@@ -106,7 +110,7 @@ def pretraining_record(folder: Path, arch: str, variant: str | None = None) -> d
 def attribution_record(folder: Path, match: re.Match) -> dict:
     results = _read(folder / "results.json")
     validation = results["metrics"]["validation"]
-    return {
+    record = {
         "kind": "attribution",
         "arch": match["arch"],
         "init": match["init"],
@@ -119,6 +123,9 @@ def attribution_record(folder: Path, match: re.Match) -> dict:
         "epochs": results["epochs_done"],
         "hyperparameters": results["hyperparameters"],
     }
+    if match["variant"]:
+        record["variant"] = match["variant"]
+    return record
 
 
 def image_record(folder: Path, match: re.Match) -> dict:
@@ -245,9 +252,11 @@ def attribution_table(records: list[dict]) -> str:
         "| passage | model | start | accuracy % (mean; seeds) | training time¹ (mean) |",
         "|---|---|---|---|---|",
     ]
-    for (length, init, arch), group in _group(records, "length", "init", "arch").items():
+    records = [{**r, "variant": r.get("variant") or ""} for r in records]  # "": the run as the recipe has it
+    for (length, init, arch, variant), group in _group(records, "length", "init", "arch", "variant").items():
+        model = ARCH_NAMES.get(arch, arch) + (f", {VARIANT_NAMES.get(variant, variant)}" if variant else "")
         rows.append(
-            f"| {length} tokens | {ARCH_NAMES.get(arch, arch)} | {init} | "
+            f"| {length} tokens | {model} | {init} | "
             f"{_mean_and_runs([r['accuracy'] for r in group])} | {_mean_minutes(group):.1f} min |"
         )
     return "\n".join(rows)
@@ -278,7 +287,8 @@ def headline_table(records: dict[str, list[dict]]) -> str:
             f"| BERT {100 * b['eval']['masked_accuracy']:.1f}% | same steps and data order; "
             f"{o['train_seconds'] / 60:.0f} vs {b['train_seconds'] / 60:.0f} min of training |"
         )
-    groups = _group([r for r in records["attribution"] if r["init"] == "pretrained"], "length", "arch")
+    pretrained = [r for r in records["attribution"] if r["init"] == "pretrained" and not r.get("variant")]
+    groups = _group(pretrained, "length", "arch")
     for length in sorted({key[0] for key in groups}):
         o, b = groups.get((length, "orchid")), groups.get((length, "bert"))
         if o and b:

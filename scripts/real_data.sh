@@ -6,6 +6,8 @@
 #   bash scripts/real_data.sh run images               # Fashion-MNIST: Orchid-ViT, ViT (2 seeds each), logistic regression
 #   bash scripts/real_data.sh run attribution bert-lr  # fine-tuning (pretrained and from scratch, 128 and 512 tokens,
 #                                                      # 2 seeds); BERT pretrained again at a lower learning rate
+#   bash scripts/real_data.sh run attribution-variants # the pretrained Orchid at 128 tokens with mean pooling, and
+#                                                      # with its filters in the common parameter group (2 seeds)
 #   bash scripts/real_data.sh report                   # docs/results/real_data.md, its JSON and plots, from the runs
 #
 # `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
@@ -74,6 +76,20 @@ jobs() {
             done
         done
         ;;
+    attribution-variants)
+        # The pretrained Orchid at 128 tokens again, one change at a time: mean pooling over the real tokens instead
+        # of the first token, and the implicit filters' parameters in the common parameter group.
+        local data="--train_file $OUT/austen/attribution-128/train.csv \
+--validation_file $OUT/austen/attribution-128/validation.csv --max_seq_length 128 --num_train_epochs 1 \
+--learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --disable_tqdm True \
+--model_name_or_path $OUT/pretrain-orchid"
+        for seed in 0 1; do
+            for variant in "mean-pooling:--pooling mean" "no-filter-group:--filter_param_group False"; do
+                local name=$OUT/attribution-128-orchid-pretrained-${variant%%:*}-s$seed
+                echo "$PY scripts/finetune_glue.py $data --seed $seed ${variant#*:} --output_dir $name > $name.log 2>&1"
+            done
+        done
+        ;;
     images)
         local common="--train_dir $DATA/fashion-mnist --class_names ${FASHION_CLASSES[*]@Q} \
 --recipe orchid-vit-digits --num_train_epochs 5 --warmup_epochs 1 --crop_padding 2 --hflip True \
@@ -88,7 +104,7 @@ jobs() {
 --class_names ${FASHION_CLASSES[*]@Q} --max_iter 1000 --output_dir $OUT/fashion-logreg > $OUT/fashion-logreg.log 2>&1"
         ;;
     *)
-        echo "unknown stage '$1': pretrain, bert-lr, attribution or images" >&2
+        echo "unknown stage '$1': pretrain, bert-lr, attribution, attribution-variants or images" >&2
         return 2
         ;;
     esac

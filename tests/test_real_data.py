@@ -63,6 +63,8 @@ def runs(tmp_path_factory):
     for seed in (0, 1):
         finetune([*task, "--seed", str(seed), "--model_name_or_path", str(out / "pretrain-orchid"),
                   "--output_dir", str(out / f"attribution-16-orchid-pretrained-s{seed}")])  # fmt: skip
+    finetune([*task, "--model_name_or_path", str(out / "pretrain-orchid"), "--pooling", "mean",
+              "--output_dir", str(out / "attribution-16-orchid-pretrained-mean-pooling-s0")])  # fmt: skip
     finetune([*task, "--model_name_or_path", str(out / "pretrain-bert"),
               "--output_dir", str(out / "attribution-16-bert-pretrained-s0")])  # fmt: skip
     finetune([*task, "--model_type", "bert", "--config_overrides", BERT, "--tokenizer_name", str(data / "tokenizer"),
@@ -94,12 +96,13 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     results = tmp_path / "results"
     names = collect_runs(runs, results)
     assert names == [
-        "attribution-16-bert-pretrained-s0", "attribution-16-bert-scratch-s0", "attribution-16-orchid-pretrained-s0",
+        "attribution-16-bert-pretrained-s0", "attribution-16-bert-scratch-s0",
+        "attribution-16-orchid-pretrained-mean-pooling-s0", "attribution-16-orchid-pretrained-s0",
         "attribution-16-orchid-pretrained-s1", "fashion-logreg", "fashion-orchid-s0", "fashion-vit-s0",
         "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
     ]  # fmt: skip
     records = load_records(results)
-    assert len(records["pretraining"]) == 3 and len(records["attribution"]) == 4 and len(records["image"]) == 3
+    assert len(records["pretraining"]) == 3 and len(records["attribution"]) == 5 and len(records["image"]) == 3
 
     orchid = json.loads((results / "pretrain-orchid.json").read_text())
     own = json.loads((runs / "pretrain-orchid" / "results.json").read_text())
@@ -128,10 +131,17 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     accuracy = json.loads((runs / "pretrain-bert" / "results.json").read_text())["eval"]["eval_masked_accuracy"]
     assert f"| BERT {100 * accuracy:.1f}% |" in blocks["headline"]  # the recipe's run, not the variant
     assert [line.split(" | ")[3] for line in blocks["pretraining"].splitlines()[2:5]] == ["0.0008", "0.0008", "0.0001"]
-    seeds = [json.loads((results / f"attribution-16-orchid-pretrained-s{s}.json").read_text()) for s in (0, 1)]
-    seeds = [record["accuracy"] for record in seeds]
+    seeds_records = [json.loads((results / f"attribution-16-orchid-pretrained-s{s}.json").read_text()) for s in (0, 1)]
+    seeds = [record["accuracy"] for record in seeds_records]
     row = f"| 16 tokens | Orchid | pretrained | {50 * sum(seeds):.1f} ({100 * seeds[0]:.1f} / {100 * seeds[1]:.1f}) |"
     assert row in blocks["attribution"]
+    # A variant has its own row, and the headline keeps to the recipe's runs.
+    mean_pooling = json.loads((results / "attribution-16-orchid-pretrained-mean-pooling-s0.json").read_text())
+    assert (mean_pooling["variant"], mean_pooling["hyperparameters"]["pooling"]) == ("mean-pooling", "mean")
+    assert "variant" not in seeds_records[0] and seeds_records[0]["hyperparameters"]["pooling"] == "first"
+    row = f"| 16 tokens | Orchid, mean pooling | pretrained | {100 * mean_pooling['accuracy']:.1f} |"
+    assert row in blocks["attribution"]
+    assert f"| novel attribution, 16-token passages, pretrained | {50 * sum(seeds):.1f}% |" in blocks["headline"]
     assert re.search(r"\| 16 tokens \| BERT \| scratch \| \d+\.\d \| \d+\.\d min \|", blocks["attribution"])
     logreg = json.loads((runs / "fashion-logreg" / "results.json").read_text())
     assert f"| logistic regression | 2k | {100 * logreg['accuracy']:.2f} |" in blocks["images"]
