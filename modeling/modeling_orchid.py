@@ -443,6 +443,19 @@ def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torc
     return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
 
 
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy of ``logits`` (batch, length, vocab) over the positions whose label is not -100, as
+    ``CrossEntropyLoss()`` over all positions gives it, value and gradients alike. The log-softmax runs over the
+    labelled positions only: over the others it would be computed and then ignored, and under 15% masking they are
+    most of the positions."""
+    if labels.shape != logits.shape[:-1]:
+        expected = tuple(logits.shape[:-1])
+        raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (batch, length) = {expected}")
+    labels = labels.reshape(-1)
+    labelled = labels != CrossEntropyLoss().ignore_index
+    return CrossEntropyLoss()(logits.reshape(-1, logits.shape[-1])[labelled], labels[labelled])
+
+
 class OrchidLMPredictionHead(nn.Module):
     """Dense -> activation -> LayerNorm -> decoder; the decoder weight is tied to the word embeddings."""
 
@@ -496,9 +509,7 @@ class OrchidForMaskedLM(OrchidPreTrainedModel):
             output_hidden_states=output_hidden_states,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1))
+        loss = None if labels is None else masked_lm_loss(logits, labels)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 

@@ -4,9 +4,10 @@ equal to the written-out computation they replace, for the step alone and for a 
 import pytest
 import torch
 from orchid_hf.modeling import orchid_layers
-from orchid_hf.modeling.modeling_orchid import OrchidMLP
+from orchid_hf.modeling.modeling_orchid import OrchidMLP, masked_lm_loss
 from orchid_hf.modeling.orchid_layers import GatedActivation, OrchidOperator
 from torch import nn
+from torch.nn import CrossEntropyLoss
 from transformers.activations import ACT2FN
 
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
@@ -176,3 +177,32 @@ def test_the_operator_gradgradcheck_through_the_recomputed_long_convolutions(tra
     x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 0]])
     assert torch.autograd.gradgradcheck(lambda inp: op(inp, mask), (x,), eps=1e-6, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The masked-LM loss over the labelled positions (modeling_orchid.masked_lm_loss)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_masked_lm_loss_equals_cross_entropy_over_all_positions():
+    """The log-softmax over the labelled positions only gives the loss of CrossEntropyLoss over all positions (to
+    rounding: the sum runs in another order) and exactly its gradients."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 40, 50, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 40))
+    labels = torch.where(torch.rand(3, 40) < 0.15, ids, torch.full_like(ids, -100))
+    loss = masked_lm_loss(logits, labels)
+    (grad,) = torch.autograd.grad(loss, logits)
+    reference = CrossEntropyLoss()(logits.view(-1, 50), labels.view(-1))
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=0)
+    assert torch.equal(grad, reference_grad)
+    assert grad[labels == -100].abs().sum() == 0 and grad[labels != -100].abs().sum() > 0
+
+
+def test_masked_lm_loss_without_labels_and_with_labels_of_another_shape():
+    logits = torch.randn(2, 8, 10)
+    nothing = torch.full((2, 8), -100)
+    assert masked_lm_loss(logits, nothing).isnan() and CrossEntropyLoss()(logits.view(-1, 10), nothing.view(-1)).isnan()
+    with pytest.raises(ValueError, match=r"labels has shape \(16,\), expected \(batch, length\) = \(2, 8\)"):
+        masked_lm_loss(logits, torch.zeros(16, dtype=torch.long))
