@@ -74,6 +74,14 @@ def test_the_activation_hooks_fire_once_per_call_in_training():
     assert calls == [torch.Size([2, 5, 64])]
 
 
+def mlm_loss_and_grads(model, ids, mask, labels):
+    """The masked-LM loss of one forward and every parameter's gradient after its backward."""
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def test_model_gradients_equal_the_written_out_glu():
     """The whole masked-LM model, loss and every parameter's gradient, against the same weights with the GLU written
     out as autograd would record it (float32, 1e-5)."""
@@ -87,13 +95,7 @@ def test_model_gradients_equal_the_written_out_glu():
     mask = torch.ones(3, 16, dtype=torch.long)
     mask[1, 11:] = 0
 
-    def loss_and_grads():
-        model.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    loss, grads = loss_and_grads()
+    loss, grads = mlm_loss_and_grads(model, ids, mask, labels)
     original = OrchidMLP.forward
 
     def written_out_forward(self, hidden_states):
@@ -101,7 +103,7 @@ def test_model_gradients_equal_the_written_out_glu():
 
     OrchidMLP.forward = written_out_forward
     try:
-        reference_loss, reference_grads = loss_and_grads()
+        reference_loss, reference_grads = mlm_loss_and_grads(model, ids, mask, labels)
     finally:
         OrchidMLP.forward = original
     torch.testing.assert_close(loss, reference_loss, rtol=0, atol=0)
@@ -155,15 +157,9 @@ def test_model_gradients_equal_the_written_out_long_convolutions(transform, cond
     mask[1, 11:] = 0
     mask[2, :5] = 0
 
-    def loss_and_grads():
-        model.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    loss, grads = loss_and_grads()
+    loss, grads = mlm_loss_and_grads(model, ids, mask, labels)
     monkeypatch.setattr(orchid_layers, "recomputed_in_backward", written_out)
-    reference_loss, reference_grads = loss_and_grads()
+    reference_loss, reference_grads = mlm_loss_and_grads(model, ids, mask, labels)
     torch.testing.assert_close(loss, reference_loss, rtol=0, atol=0)
     assert grads.keys() == reference_grads.keys() and len(grads) > 20
     for name, grad in grads.items():
