@@ -30,7 +30,6 @@ VARIANT_NAMES = {"mean-pooling": "mean pooling", "no-filter-group": "filters in 
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
-TIME_NOTE = "¹ Wall-clock training time with evaluation left out, each run on one thread beside one other run."
 MARKER = "<!-- real-data:{name} -->"
 END_MARKER = "<!-- /real-data:{name} -->"
 
@@ -216,6 +215,15 @@ def _mean_and_runs(values: list[float], scale: float = 100.0, digits: int = 1) -
     return f"{statistics.mean(values) * scale:.{digits}f} ({runs})"
 
 
+def time_note(machine: dict) -> str:
+    """The note under each table with training times: how the runs shared the machine (:func:`machine_description`,
+    as kept in machine.json)."""
+    threads, jobs = machine.get("threads_per_run", 1), machine.get("runs_at_a_time", 2)
+    on = "one thread" if threads == 1 else f"{threads} threads"
+    beside = "alone" if jobs == 1 else "beside one other run" if jobs == 2 else f"beside {jobs - 1} other runs"
+    return f"¹ Wall-clock training time with evaluation left out, each run on {on} {beside}."
+
+
 def _mean_minutes(group: list[dict]) -> float:
     """The mean training time of the runs in ``group``, in minutes."""
     return statistics.mean(r["train_seconds"] for r in group) / 60
@@ -386,17 +394,18 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
         raise ValueError(f"{results_dir} holds no records: run scripts/real_data_report.py --runs first")
     report = Path(report)
     blocks = {"headline": headline_table(records)}
+    note = time_note(records["machine"][0] if records["machine"] else {})
     if records["pretraining"]:
         plot = report.parent / "real_data_pretraining.png"
         plot_pretraining(records["pretraining"], plot)
         table = pretraining_table(records["pretraining"])
-        blocks["pretraining"] = f"{table}\n\n{TIME_NOTE}\n\n![pretraining curves]({plot.name})"
+        blocks["pretraining"] = f"{table}\n\n{note}\n\n![pretraining curves]({plot.name})"
     if records["attribution"]:
-        blocks["attribution"] = f"{attribution_table(records['attribution'])}\n\n{TIME_NOTE}"
+        blocks["attribution"] = f"{attribution_table(records['attribution'])}\n\n{note}"
     if records["image"]:
         plot = report.parent / "real_data_confusion.png"
         plot_confusion_matrices(records["image"], plot)
-        blocks["images"] = f"{image_table(records['image'])}\n\n{TIME_NOTE}\n\n![confusion matrices]({plot.name})"
+        blocks["images"] = f"{image_table(records['image'])}\n\n{note}\n\n![confusion matrices]({plot.name})"
     if records["machine"]:
         machine = records["machine"][0]
         blocks["machine"] = (

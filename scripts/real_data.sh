@@ -40,6 +40,15 @@ MLM="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/va
 --per_device_eval_batch_size 32 --max_steps 400 --eval_strategy steps --eval_steps 50 --logging_steps 10 \
 --max_eval_samples 256 --eval_before_training --save_strategy no --report_to none --threads $THREADS --seed 0 --bf16 False"
 
+# Fine-tuning for passage attribution at LENGTH tokens, the same for every model and variant. The recipe's learning
+# rate (5e-5) is BERT-base's for a converged checkpoint; in one epoch it leaves these briefly pretrained models at the
+# majority class, so every run takes 2e-4.
+attribution_args() {
+    echo "--train_file $OUT/austen/attribution-$1/train.csv --validation_file $OUT/austen/attribution-$1/validation.csv \
+--max_seq_length $1 --num_train_epochs 1 --learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no \
+--report_to none --threads $THREADS --disable_tqdm True"
+}
+
 jobs() {
     case "$1" in
     pretrain)
@@ -54,15 +63,12 @@ jobs() {
 --output_dir $OUT/pretrain-bert-lr2e-4 > $OUT/pretrain-bert-lr2e-4.log 2>&1"
         ;;
     attribution)
-        # Pretrained models first: theirs is the main comparison. The recipe's learning rate (5e-5) is BERT-base's
-        # for a converged checkpoint; in one epoch it leaves these briefly pretrained models at the majority class.
+        # Pretrained models first: theirs is the main comparison.
         for init in pretrained scratch; do
             for length in 128 512; do
                 for seed in 0 1; do
                     for arch in orchid bert; do
-                        local data="--train_file $OUT/austen/attribution-$length/train.csv \
---validation_file $OUT/austen/attribution-$length/validation.csv --max_seq_length $length --num_train_epochs 1 \
---learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --seed $seed --disable_tqdm True"
+                        local data="$(attribution_args $length) --seed $seed"
                         local name=$OUT/attribution-$length-$arch-$init-s$seed model
                         if [ $init = pretrained ]; then
                             model="--model_name_or_path $OUT/pretrain-$arch"
@@ -79,10 +85,7 @@ jobs() {
     attribution-variants)
         # The pretrained Orchid at 128 tokens again, one change at a time: mean pooling over the real tokens instead
         # of the first token, and the implicit filters' parameters in the common parameter group.
-        local data="--train_file $OUT/austen/attribution-128/train.csv \
---validation_file $OUT/austen/attribution-128/validation.csv --max_seq_length 128 --num_train_epochs 1 \
---learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --disable_tqdm True \
---model_name_or_path $OUT/pretrain-orchid"
+        local data="$(attribution_args 128) --model_name_or_path $OUT/pretrain-orchid"
         for seed in 0 1; do
             for variant in "mean-pooling:--pooling mean" "no-filter-group:--filter_param_group False"; do
                 local name=$OUT/attribution-128-orchid-pretrained-${variant%%:*}-s$seed

@@ -12,7 +12,7 @@ import pytest
 
 from orchid_hf.glue import main as finetune
 from orchid_hf.pretraining import main as pretrain
-from orchid_hf.real_data import collect_runs, load_records, render_report, replace_block
+from orchid_hf.real_data import collect_runs, load_records, render_report, replace_block, time_note
 from tests.test_novels import SPECIALS, chapter_words, write_novel
 from tests.test_vision import write_idx_folder
 
@@ -158,3 +158,9 @@ def test_report_errors_name_what_is_missing(tmp_path):
         render_report(tmp_path / "empty", tmp_path / "report.md")
     with pytest.raises(ValueError, match="no <!-- real-data:images --> ... <!-- /real-data:images --> block"):
         replace_block("text", "images", "table")
+
+
+def test_the_time_note_says_how_the_runs_shared_the_machine():
+    assert time_note({"threads_per_run": 1, "runs_at_a_time": 2}).endswith("on one thread beside one other run.")
+    assert time_note({"threads_per_run": 2, "runs_at_a_time": 1}).endswith("each run on 2 threads alone.")
+    assert time_note({"threads_per_run": 1, "runs_at_a_time": 4}).endswith("on one thread beside 3 other runs.")
