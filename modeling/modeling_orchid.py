@@ -451,9 +451,10 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     if labels.shape != logits.shape[:-1]:
         expected = tuple(logits.shape[:-1])
         raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (batch, length) = {expected}")
+    loss_fct = CrossEntropyLoss()
     labels = labels.reshape(-1)
-    labelled = labels != CrossEntropyLoss().ignore_index
-    return CrossEntropyLoss()(logits.reshape(-1, logits.shape[-1])[labelled], labels[labelled])
+    labelled = labels != loss_fct.ignore_index
+    return loss_fct(logits.reshape(-1, logits.shape[-1])[labelled], labels[labelled])
 
 
 class OrchidLMPredictionHead(nn.Module):
