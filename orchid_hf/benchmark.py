@@ -19,13 +19,16 @@ Three parts:
   kernel (flash), so the comparison measures the architectures rather than dropout. The operator alone: one
   ``OrchidOperator`` against the attention block (SDPA's default backend) of the same width, forward + backward at
   the same shapes, as the operator part does. ``--profile-train SHAPES`` profiles the Orchid model's training step
-  op by op.
+  op by op; ``--profile SHAPES`` the operator's forward, and times the plain model's forward against the part of it
+  that computes the static implicit filters from their weights.
 
 Candidates: ``orchid`` is the model as users build it (plain modules, ``OrchidModel`` / ``OrchidForMaskedLM`` /
 ``OrchidOperator``); ``orchid_optimized`` the same after ``orchid_hf.optimize_for_inference`` (forward only);
 ``orchid_reference`` another version of the model code, given as a ``modeling/`` folder (``--reference PATH``, e.g. of
 a git worktree of an older commit), built through that version's own ``OrchidConfig.from_preset`` and ``OrchidModel``
-(``OrchidForMaskedLM``, ``OrchidOperator``; a version that lacks the class a part needs is reported as failed there);
+(``OrchidForMaskedLM``, ``OrchidOperator``; a version that lacks the class a part needs is reported as failed there),
+with this version's implicit-filter sizes where it has those settings (``FILTER_SIZE_FIELDS``), so that the two
+versions run models of the same size;
 ``bert`` (``BertModel``, ``BertForMaskedLM``) and the attention blocks are the baselines. Every candidate is reached
 through public entry points only.
 
@@ -166,6 +169,21 @@ def load_modeling(path: str | Path, name: str = "orchid_reference"):
     return module
 
 
+# The settings that size the static implicit filters. A reference version is built with this version's values of
+# them: older versions had smaller filters by default, and two versions of the code are compared on models of the
+# same size.
+FILTER_SIZE_FIELDS = ("filter_emb_dim", "filter_width", "filter_depth")
+
+
+def reference_filter_sizes(known_fields) -> dict:
+    """This version's filter sizes (orchid-bert-base's, which are also the operator's defaults) for those of
+    ``FILTER_SIZE_FIELDS`` in ``known_fields``, the settings a reference version has."""
+    from orchid_hf import OrchidConfig
+
+    preset = OrchidConfig.from_preset("orchid-bert-base")
+    return {name: getattr(preset, name) for name in FILTER_SIZE_FIELDS if name in known_fields}
+
+
 def build_operator(impl: str, hidden: int, heads: int, length: int, reference=None) -> nn.Module:
     """One sequence mixer; the transform length of Orchid's is the input length, as in a text model with
     ``max_position_embeddings = L``."""
@@ -175,7 +193,9 @@ def build_operator(impl: str, hidden: int, heads: int, length: int, reference=No
         operator = OrchidOperator(hidden, length)
         return optimize_for_inference(operator) if impl == "orchid_optimized" else operator
     if impl == "orchid_reference":
-        return reference.OrchidOperator(hidden, length)
+        # The operator takes the settings its version's configuration has.
+        known = reference.OrchidConfig.from_preset("orchid-bert-base").to_dict()
+        return reference.OrchidOperator(hidden, length, **reference_filter_sizes(known))
     return AttentionBlock(hidden, heads, "math" if impl == "attention_math" else "default")
 
 
@@ -205,9 +225,15 @@ def bert_config(quick: bool, length: int, layers: int | None = None, **overrides
 
 
 def orchid_config(package, quick: bool, length: int, layers: int | None = None, **overrides):
-    """orchid-bert-base's configuration in ``package`` (``orchid_hf`` or a reference version) with
-    ``max_position_embeddings = length``, tiny with ``quick``, ``layers`` deep if given, any other field overridden."""
+    """orchid-bert-base's configuration in ``package`` (``orchid_hf`` or a reference version, with this version's
+    filter sizes) with ``max_position_embeddings = length``, tiny with ``quick``, ``layers`` deep if given, any other
+    field overridden."""
+    import orchid_hf
+
     sizes = model_sizes(quick, layers)
+    if package is not orchid_hf:
+        known = package.OrchidConfig.from_preset("orchid-bert-base").to_dict()
+        sizes = {**reference_filter_sizes(known), **sizes}
     return package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **sizes, **overrides)
 
 
@@ -1261,6 +1287,53 @@ def profile_train(impl: str, batch: int, length: int, cfg: dict, reference=None,
     return profile_table(title, step, calls)
 
 
+def median_seconds(step: Callable[[], None], calls: int) -> float:
+    """The median wall time of ``calls`` calls of ``step``, after a warm-up call."""
+    step()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def implicit_filter_cost(batch: int, length: int, cfg: dict, calls: int = 3) -> dict:
+    """What the plain model's forward (orchid-bert-base's sizes, ``max_position_embeddings = length``) spends on its
+    static implicit filters: every layer's two kernels ``FFN(PosEmb(t)) * decay(t)`` over the N lags and their
+    multipliers (:meth:`ImplicitFilter.spectrum`), which depend on the weights alone and are computed on every call.
+    Median seconds of the model's forward and of the filters alone, each over ``calls`` calls."""
+    torch.manual_seed(0)
+    model = build_model("orchid", cfg["quick"], length, layers=cfg["layers"]).to(cfg["device"], cfg["dtype"])
+    inputs = torch.randint(1, model.config.vocab_size, (batch, length), device=cfg["device"])
+    forward = make_step(model, "forward", inputs, is_model=True)
+    mixers = [layer.mixer for layer in model.encoder.layer]
+    filters = [f for mixer in mixers for f in (mixer.static_filter, mixer.residual_filter) if f is not None]
+    compute_dtype = torch.promote_types(cfg["dtype"], torch.float32)  # the operator's transform dtype
+    sync = synchronizer(cfg["device"])
+
+    def filters_step():
+        with torch.inference_mode():
+            for implicit_filter in filters:
+                implicit_filter.spectrum(compute_dtype)
+        sync()
+
+    forward_s = median_seconds(forward, calls)
+    return dict(batch=batch, length=length, forward_s=forward_s, filters_s=median_seconds(filters_step, calls),
+                filters=len(filters))
+
+
+def implicit_filter_table(shapes: list[tuple[int, int]], cfg: dict) -> str:
+    """A Markdown table of :func:`implicit_filter_cost` at each shape."""
+    lines = [f"### The plain model's implicit filters, computed on every forward call ({cfg['layers']} layers)", "",
+             "| (B, L) | forward ms | the filters' kernels and multipliers ms | share |", "|---|---|---|---|"]
+    for batch, length in shapes:
+        cost = implicit_filter_cost(batch, length, cfg)
+        lines.append(f"| ({batch}, {length}) | {1e3 * cost['forward_s']:,.1f} | {1e3 * cost['filters_s']:,.1f} "
+                     f"({cost['filters']} filters) | {100 * cost['filters_s'] / cost['forward_s']:.1f}% |")
+    return "\n".join(lines + [""])
+
+
 def saved_storage_bytes(fn: Callable, *args, **kwargs) -> int:
     """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs."""
     storages: dict[int, int] = {}
@@ -1452,6 +1525,11 @@ def run(args: argparse.Namespace) -> dict:
             for impl in ["orchid", "orchid_optimized"] + references:
                 tables.append(profile_operator(impl, batch, length, cfg, reference))
                 log(f"profiled {impl} at (B={batch}, L={length})")
+        if cfg["profile_shapes"]:
+            tables.append(implicit_filter_table(cfg["profile_shapes"], cfg))
+            log("timed the plain model's implicit filters")
+            if not args.silent:
+                print(tables[-1], flush=True)
         for batch, length in cfg["profile_train_shapes"]:
             for impl in ["orchid"] + references:
                 tables.append(profile_train(impl, batch, length, cfg, reference))
@@ -1521,7 +1599,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "modeling/ (e.g. git worktree add ../orchid-old REV) or the modeling/ folder itself")
     parser.add_argument("--profile", default=None, metavar="SHAPES",
                         help="instead of timing, profile the operator's forward (and the reference's) at shapes like "
-                             "8x128,1x4096 and write profile_TAG.md")
+                             "8x128,1x4096, time the plain model's forward against its implicit filters alone "
+                             "(--layers deep), and write profile_TAG.md")
     parser.add_argument("--profile-train", default=None, metavar="SHAPES",
                         help="instead of timing, profile OrchidForMaskedLM's training step (forward + backward of the "
                              "MLM loss; and the reference's) at shapes like 8x128,1x4096: the top ops by self CPU "

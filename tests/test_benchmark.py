@@ -82,6 +82,30 @@ def test_the_reference_is_another_package_built_through_its_own_public_classes(r
         benchmark.modeling_folder(reference_checkout.parent)
 
 
+def test_a_reference_with_smaller_default_filters_is_built_with_this_versions_filter_sizes(tmp_path):
+    # An older version whose presets and operator defaults had filters of width 64 with one inner layer.
+    shutil.copytree(MODELING, tmp_path / "modeling", ignore=shutil.ignore_patterns("__pycache__"))
+    layers_file = tmp_path / "modeling" / "orchid_layers.py"
+    source = layers_file.read_text()
+    assert "    filter_width: int = 128\n    filter_depth: int = 2\n" in source
+    layers_file.write_text(source.replace("filter_width: int = 128", "filter_width: int = 64").replace(
+        "filter_depth: int = 2", "filter_depth: int = 1"))
+    reference = benchmark.load_modeling(tmp_path, name="orchid_smaller_filters")
+    assert reference.OrchidConfig.from_preset("orchid-bert-base").filter_width == 64
+
+    def linear_shapes(implicit_filter):
+        return [tuple(layer.weight.shape) for layer in implicit_filter.ffn if isinstance(layer, torch.nn.Linear)]
+
+    ours = linear_shapes(benchmark.build_model("orchid", True, 32).encoder.layer[0].mixer.static_filter)
+    assert ours == [(128, 5), (128, 128), (128, 128), (64, 128)]
+    model = benchmark.build_model("orchid_reference", True, 32, reference)
+    assert linear_shapes(model.encoder.layer[0].mixer.static_filter) == ours
+    masked_lm = benchmark.build_masked_lm("orchid_reference", True, 32, reference)
+    assert linear_shapes(masked_lm.orchid.encoder.layer[0].mixer.residual_filter) == ours
+    operator = benchmark.build_operator("orchid_reference", 64, 4, 32, reference)
+    assert linear_shapes(operator.static_filter) == linear_shapes(benchmark.build_operator("orchid", 64, 4, 32).static_filter)
+
+
 def test_a_failing_candidate_is_reported_and_the_others_are_measured():
     cfg = benchmark.build_config(benchmark.parse_args(["--quick", "--repeats", "2"]))
     workers = benchmark.Workers(cfg)
@@ -427,3 +451,16 @@ def test_train_checkpointing_adds_a_candidate_with_the_plain_models_gradients():
         grads[impl] = {name: p.grad for name, p in model.named_parameters()}
     for name, grad in grads["orchid"].items():
         torch.testing.assert_close(grads["orchid_checkpointing"][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_profile_times_the_plain_models_implicit_filters(tmp_path, capsys):
+    result = benchmark.main(["--quick", "--profile", "2x16", "--out-dir", str(tmp_path), "--tag", "t"])
+    assert result["records"] == []
+    profile = (tmp_path / "profile_t.md").read_text()
+    table = profile.split("### The plain model's implicit filters, computed on every forward call (2 layers)")[1]
+    row = next(line for line in table.splitlines() if line.startswith("| (2, 16) | "))
+    forward_ms, filters_ms, share = row.strip("| ").split(" | ")[1:]
+    assert float(forward_ms) > 0 and filters_ms.endswith("(4 filters)") and float(filters_ms.split()[0]) > 0
+    assert share.endswith("%")
+    assert "### Orchid, (B=2, L=16)" in profile  # the operator's op table is still there
+    assert "implicit filters" in capsys.readouterr().out
