@@ -103,7 +103,8 @@ def test_a_reference_with_smaller_default_filters_is_built_with_this_versions_fi
     masked_lm = benchmark.build_masked_lm("orchid_reference", True, 32, reference)
     assert linear_shapes(masked_lm.orchid.encoder.layer[0].mixer.residual_filter) == ours
     operator = benchmark.build_operator("orchid_reference", 64, 4, 32, reference)
-    assert linear_shapes(operator.static_filter) == linear_shapes(benchmark.build_operator("orchid", 64, 4, 32).static_filter)
+    our_operator = benchmark.build_operator("orchid", 64, 4, 32)
+    assert linear_shapes(operator.static_filter) == linear_shapes(our_operator.static_filter)
 
 
 def test_a_failing_candidate_is_reported_and_the_others_are_measured():
