@@ -175,13 +175,15 @@ def load_modeling(path: str | Path, name: str = "orchid_reference"):
 FILTER_SIZE_FIELDS = ("filter_emb_dim", "filter_width", "filter_depth")
 
 
-def reference_filter_sizes(known_fields) -> dict:
+def reference_filter_sizes(reference) -> dict:
     """This version's filter sizes (orchid-bert-base's, which are also the operator's defaults) for those of
-    ``FILTER_SIZE_FIELDS`` in ``known_fields``, the settings a reference version has."""
+    ``FILTER_SIZE_FIELDS`` that the ``reference`` package's configuration has (its operator takes the same
+    settings)."""
     from orchid_hf import OrchidConfig
 
-    preset = OrchidConfig.from_preset("orchid-bert-base")
-    return {name: getattr(preset, name) for name in FILTER_SIZE_FIELDS if name in known_fields}
+    ours = OrchidConfig.from_preset("orchid-bert-base")
+    known = reference.OrchidConfig.from_preset("orchid-bert-base").to_dict()
+    return {name: getattr(ours, name) for name in FILTER_SIZE_FIELDS if name in known}
 
 
 def build_operator(impl: str, hidden: int, heads: int, length: int, reference=None) -> nn.Module:
@@ -193,9 +195,7 @@ def build_operator(impl: str, hidden: int, heads: int, length: int, reference=No
         operator = OrchidOperator(hidden, length)
         return optimize_for_inference(operator) if impl == "orchid_optimized" else operator
     if impl == "orchid_reference":
-        # The operator takes the settings its version's configuration has.
-        known = reference.OrchidConfig.from_preset("orchid-bert-base").to_dict()
-        return reference.OrchidOperator(hidden, length, **reference_filter_sizes(known))
+        return reference.OrchidOperator(hidden, length, **reference_filter_sizes(reference))
     return AttentionBlock(hidden, heads, "math" if impl == "attention_math" else "default")
 
 
@@ -232,8 +232,7 @@ def orchid_config(package, quick: bool, length: int, layers: int | None = None, 
 
     sizes = model_sizes(quick, layers)
     if package is not orchid_hf:
-        known = package.OrchidConfig.from_preset("orchid-bert-base").to_dict()
-        sizes = {**reference_filter_sizes(known), **sizes}
+        sizes = {**reference_filter_sizes(package), **sizes}
     return package.OrchidConfig.from_preset("orchid-bert-base", max_position_embeddings=length, **sizes, **overrides)
 
 

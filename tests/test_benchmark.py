@@ -14,13 +14,18 @@ from orchid_hf import benchmark
 MODELING = Path(benchmark.__file__).resolve().parent.parent / "modeling"
 
 
-@pytest.fixture(scope="module")
-def reference_checkout(tmp_path_factory) -> Path:
-    """A copy of this version's model code in a folder of its own, as a git worktree of another commit would hold it;
-    the benchmark imports it as a package of its own, beside the installed one."""
-    root = tmp_path_factory.mktemp("reference")
+def copy_modeling(root: Path) -> Path:
+    """A copy of this version's model code in ``root/modeling``, as a git worktree of another commit would hold it;
+    returns ``root``."""
     shutil.copytree(MODELING, root / "modeling", ignore=shutil.ignore_patterns("__pycache__"))
     return root
+
+
+@pytest.fixture(scope="module")
+def reference_checkout(tmp_path_factory) -> Path:
+    """A copy of this version's model code in a folder of its own; the benchmark imports it as a package of its own,
+    beside the installed one."""
+    return copy_modeling(tmp_path_factory.mktemp("reference"))
 
 
 def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path, reference_checkout):
@@ -84,8 +89,7 @@ def test_the_reference_is_another_package_built_through_its_own_public_classes(r
 
 def test_a_reference_with_smaller_default_filters_is_built_with_this_versions_filter_sizes(tmp_path):
     # An older version whose presets and operator defaults had filters of width 64 with one inner layer.
-    shutil.copytree(MODELING, tmp_path / "modeling", ignore=shutil.ignore_patterns("__pycache__"))
-    layers_file = tmp_path / "modeling" / "orchid_layers.py"
+    layers_file = copy_modeling(tmp_path) / "modeling" / "orchid_layers.py"
     source = layers_file.read_text()
     assert "    filter_width: int = 128\n    filter_depth: int = 2\n" in source
     layers_file.write_text(source.replace("filter_width: int = 128", "filter_width: int = 64").replace(
@@ -460,7 +464,7 @@ def test_profile_times_the_plain_models_implicit_filters(tmp_path, capsys):
     profile = (tmp_path / "profile_t.md").read_text()
     table = profile.split("### The plain model's implicit filters, computed on every forward call (2 layers)")[1]
     row = next(line for line in table.splitlines() if line.startswith("| (2, 16) | "))
-    forward_ms, filters_ms, share = row.strip("| ").split(" | ")[1:]
+    forward_ms, filters_ms, share = row.replace(",", "").strip("| ").split(" | ")[1:]  # no thousands separators
     assert float(forward_ms) > 0 and filters_ms.endswith("(4 filters)") and float(filters_ms.split()[0]) > 0
     assert share.endswith("%")
     assert "### Orchid, (B=2, L=16)" in profile  # the operator's op table is still there
