@@ -19,7 +19,8 @@ from pathlib import Path
 
 from orchid_hf.modeling.orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, FILTER_SPECTRA, TRANSFORMS
 
-from orchid_hf.recall import CONDITIONING_LAYOUTS, MODELS, RecallConfig, plot_curves, results_table, train
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
+from experiments.recall import CONDITIONING_LAYOUTS, MODELS, RecallConfig, plot_curves, results_table, train  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

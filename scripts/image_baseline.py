@@ -10,9 +10,13 @@ confusion_matrix.png as scripts/train_image.py does.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from orchid_hf.training import run_cli
-from orchid_hf.vision.baselines import logistic_regression_baseline
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
+from experiments.real_data.baselines import logistic_regression_baseline  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

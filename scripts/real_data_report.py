@@ -11,9 +11,13 @@ the rest of those files is left as written.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from orchid_hf.real_data import collect_runs, render_report
 from orchid_hf.training import run_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
+from experiments.real_data.report import collect_runs, render_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -10,8 +10,8 @@ from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers.activations import ACT2FN
 
+from benchmarks.speed import saved_storage_bytes
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
-from orchid_hf.benchmark import saved_storage_bytes
 
 ACTIVATIONS = ["gelu", "gelu_new", "silu", "relu"]
 

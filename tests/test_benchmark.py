@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchid_hf import benchmark
+from benchmarks import speed as benchmark
 
 MODELING = Path(benchmark.__file__).resolve().parent.parent / "modeling"
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
+from experiments.synthetic_text import make_corpus
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
 from orchid_hf.glue import encode_labels, glue_average, load_glue_task, main, results_markdown, task_score
 from orchid_hf.hub import HubUnavailableError
-from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,6 +1,6 @@
-"""Real-text data from novels (orchid_hf.novels, scripts/prepare_novels.py) on tiny generated novels: chapters and
-paragraphs as Gutenberg lays them out, the held-out novel, passages of exactly N tokens, no chapter in both splits of
-the attribution task, and a fine-tuning run on the files the script writes."""
+"""Real-text data from novels (experiments/real_data/novels.py, scripts/prepare_novels.py) on tiny generated novels:
+chapters and paragraphs as Gutenberg lays them out, the held-out novel, passages of exactly N tokens, no chapter in both
+splits of the attribution task, and a fine-tuning run on the files the script writes."""
 
 import csv
 import importlib.util
@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 from transformers import BertTokenizer
 
+from experiments.real_data.novels import (
+    chapter_passages,
+    is_test_chapter,
+    split_chapters,
+    write_attribution_task,
+    write_mlm_corpus,
+)
 from orchid_hf.glue import main as finetune
-from orchid_hf.novels import chapter_passages, is_test_chapter, split_chapters, write_attribution_task, write_mlm_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, TrainerCallback
 
+from experiments.synthetic_text import make_corpus
 from orchid_hf.hub import HubUnavailableError
 from orchid_hf.pretraining import (
     ReproducibleMLMCollator,
@@ -20,7 +21,6 @@ from orchid_hf.pretraining import (
     parse_args,
     resolve_checkpoint,
 )
-from orchid_hf.synthetic_text import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.training import TrainingClock
 

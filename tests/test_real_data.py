@@ -1,6 +1,6 @@
-"""The real-data report (orchid_hf.real_data, scripts/real_data_report.py) on miniature runs of the same scripts
-that scripts/real_data.sh runs, with generated novels and IDX images: every number in the tables comes from a run's
-own result files, the plots are drawn, and only the generated blocks of the report and README change."""
+"""The real-data report (experiments/real_data/report.py, scripts/real_data_report.py) on miniature runs of the same
+scripts that scripts/real_data.sh runs, with generated novels and IDX images: every number in the tables comes from a
+run's own result files, the plots are drawn, and only the generated blocks of the report and README change."""
 
 import importlib.util
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from experiments.real_data.report import collect_runs, load_records, render_report, replace_block, time_note
 from orchid_hf.glue import main as finetune
 from orchid_hf.pretraining import main as pretrain
-from orchid_hf.real_data import collect_runs, load_records, render_report, replace_block, time_note
 from tests.test_novels import SPECIALS, chapter_words, write_novel
 from tests.test_vision import write_idx_folder
 

@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertForMaskedLM
 
-from orchid_hf import OrchidConfig, OrchidForMaskedLM
-from orchid_hf.recall import (
+from experiments.recall import (
     NormalizedConditioning,
     RecallConfig,
     build_model,
@@ -21,6 +20,7 @@ from orchid_hf.recall import (
     results_table,
     train,
 )
+from orchid_hf import OrchidConfig, OrchidForMaskedLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -176,7 +176,7 @@ FLAGS = [
 
 @pytest.mark.parametrize("flags,check", FLAGS, ids=[" ".join(f) for f, _ in FLAGS])
 def test_every_flag_of_the_script_runs_and_takes_effect(tmp_path, flags, check, monkeypatch):
-    import orchid_hf.recall as recall
+    import experiments.recall as recall
 
     built = []
     monkeypatch.setattr(recall, "build_model", lambda config, build=recall.build_model: built.append(build(config))

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
 
+from experiments.real_data.baselines import logistic_regression_baseline
 from orchid_hf import OrchidConfig, OrchidForImageClassification
 from orchid_hf.training import ModelArguments, check_head_size
 from orchid_hf.vision import (
@@ -33,7 +34,6 @@ from orchid_hf.vision import (
     read_idx,
     soft_target_cross_entropy,
 )
-from orchid_hf.vision.baselines import logistic_regression_baseline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import image_baseline  # noqa: E402

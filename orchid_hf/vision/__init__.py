@@ -6,7 +6,6 @@
 | ``orchid_hf.vision.data`` | datasets: digits, Hub datasets, image folders, IDX files |
 | ``orchid_hf.vision.transforms`` | image processor and the training/evaluation transforms |
 | ``orchid_hf.vision.report`` | time and memory per epoch, confusion matrix, model card |
-| ``orchid_hf.vision.baselines`` | the logistic-regression floor of a comparison |
 | ``orchid_hf.vision.train`` | the recipe (``scripts/train_image.py``) |
 
 The recipes' values are in :mod:`orchid_hf.recipes`.

@@ -15,7 +15,7 @@ import re
 import statistics
 from pathlib import Path
 
-from .training import write_json
+from orchid_hf.training import write_json
 
 # Run folders of scripts/real_data.sh.
 # pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate).
@@ -322,7 +322,7 @@ def headline_table(records: dict[str, list[dict]]) -> str:
 
 def plot_pretraining(records: list[dict], path: str | Path) -> None:
     """Held-out loss and masked-token accuracy against steps and against training time."""
-    from .extras import require_extra
+    from orchid_hf.extras import require_extra
 
     require_extra("matplotlib", "plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -352,13 +352,13 @@ def plot_pretraining(records: list[dict], path: str | Path) -> None:
 
 def plot_confusion_matrices(records: list[dict], path: str | Path) -> None:
     """The confusion matrix of each image model (first seed), side by side."""
-    from .extras import require_extra
+    from orchid_hf.extras import require_extra
 
     require_extra("matplotlib", "plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .vision.report import draw_confusion_matrix
+    from orchid_hf.vision.report import draw_confusion_matrix
 
     groups = sorted(_group(records, "arch").items(), key=lambda item: IMAGE_ORDER.get(item[0][0], 9))
     chosen = [group[0] for _, group in groups]

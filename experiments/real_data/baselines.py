@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..extras import require_extra
-from ..training import write_json
-from .data import load_idx_arrays
-from .report import confusion_matrix, plot_confusion_matrix
+from orchid_hf.extras import require_extra
+from orchid_hf.training import write_json
+from orchid_hf.vision.data import load_idx_arrays
+from orchid_hf.vision.report import confusion_matrix, plot_confusion_matrix
 
 
 def logistic_regression_baseline(

@@ -26,11 +26,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from .modeling.configuration_orchid import OrchidConfig
-from .modeling.modeling_orchid import OrchidForMaskedLM
-from .modeling.orchid_layers import (
+from orchid_hf.modeling.configuration_orchid import OrchidConfig
+from orchid_hf.modeling.modeling_orchid import OrchidForMaskedLM
+from orchid_hf.modeling.orchid_layers import (
     ALL_CHANNELS,
     CONDITIONING_ACTIVATIONS,
     CONDITIONINGS,
@@ -40,6 +38,7 @@ from .modeling.orchid_layers import (
     forward_transform,
     masked,
 )
+from torch import nn
 
 MODELS = ("orchid", "static", "transformer")
 # App. C.2: spatial then spectral (Eq. 2), two spatial layers only, two spectral layers only.
@@ -439,7 +438,7 @@ def results_table(paths: list[str | Path]) -> str:
 
 def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
     """Test accuracy against training step for each run, one panel per (vocabulary, length)."""
-    from .extras import require_extra
+    from orchid_hf.extras import require_extra
 
     require_extra("matplotlib", "plot").use("Agg")
     import matplotlib.pyplot as plt

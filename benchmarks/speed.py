@@ -114,6 +114,7 @@ MLM_PROBABILITY = 0.15  # share of positions with a label, as in BERT's pre-trai
 LEARNING_RATE = 1e-4
 # Calls up to this long are profiled a second time after timing, for the peak memory of later calls.
 LATER_PEAK_MAX_CALL_S = 20.0
+REPO_ROOT = Path(__file__).resolve().parents[1]  # workers run ``python -m benchmarks.speed`` from here
 WORKER_REPLY = "@@benchmark-worker "  # the prefix of a worker's replies on its stdout
 
 
@@ -508,9 +509,9 @@ class Worker:
         if impl == "orchid_reference":
             settings["reference"] = cfg["reference"]
         self.log = tempfile.TemporaryFile("w+")  # the worker's stderr, shown if it fails
-        command = [sys.executable, "-m", "orchid_hf.benchmark", "--worker", json.dumps(settings)]
+        command = [sys.executable, "-m", "benchmarks.speed", "--worker", json.dumps(settings)]
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1
+            command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1
         )
         self._reply()
 
@@ -1201,7 +1202,7 @@ def failure_notes(records: list[dict], labels: dict[str, str] = IMPL_LABELS) -> 
 
 def plot(result: dict, path: Path) -> None:
     """Runtime against length like Figure C.4 (forward; forward + backward) and peak memory."""
-    from .extras import require_extra
+    from orchid_hf.extras import require_extra
 
     require_extra("matplotlib", "plot").use("Agg")
     import matplotlib.pyplot as plt
