@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test lint benchmark clean
+.PHONY: demo test test-fast lint benchmark clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q tests
+
+# The quick loop while editing: everything but the tests marked slow (subprocesses, recipes end to end, training).
+test-fast: $(STAMP) lint
+	$(PY) -m pytest -q -m "not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

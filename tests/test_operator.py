@@ -22,24 +22,17 @@ from orchid_hf import BlockDiagonalLinear, OrchidOperator
 LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 
 
-@pytest.fixture(autouse=True, params=["channels together", "channels in groups"])
-def channel_groups(request, monkeypatch):
-    """Every test runs with all channels in one group and with one channel per group, which is how long inputs run
-    without autograd (in groups of 32 channels and more); calls under autograd mix all channels at once."""
-    if request.param == "channels in groups":
-        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
-        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
-    return request.param
-
-
-@pytest.fixture(autouse=True, params=["pocketfft DCT", "torch DCT"])
+@pytest.fixture(params=["pocketfft DCT", "torch DCT"])
 def dct_backend(request, monkeypatch):
-    """Every test runs with the DCT through pocketfft, as on the CPU, and through torch's real FFT (Makhoul's
-    algorithm), as on a GPU or without SciPy."""
+    """The DCT through pocketfft, as on the CPU, and through torch's real FFT (Makhoul's algorithm), as on a GPU or
+    without SciPy: every test that computes a DCT runs with both (``both_dct_backends``)."""
     if request.param == "torch DCT":
         monkeypatch.setattr(orchid_layers, "scipy_fft", None)
     assert orchid_layers.uses_pocketfft(torch.zeros(1)) == (request.param == "pocketfft DCT")
     return request.param
+
+
+both_dct_backends = pytest.mark.usefixtures("dct_backend")
 
 
 def direct_circular_convolution(x: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -78,6 +71,7 @@ def to_np(t: torch.Tensor) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
+@both_dct_backends
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_dct_matches_scipy_and_inverse_round_trips(n, dtype):
@@ -90,6 +84,7 @@ def test_dct_matches_scipy_and_inverse_round_trips(n, dtype):
     torch.testing.assert_close(idct(dct(x)), x, atol=10 * tolerance, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize(("n", "length"), [(16, 16), (16, 9), (300, 300), (301, 250)])
 def test_dct_along_the_sequence_axis_zero_pads_and_the_inverse_cuts(n, length):
     x = torch.randn(2, length, 3, dtype=torch.float64)
@@ -102,12 +97,14 @@ def test_dct_along_the_sequence_axis_zero_pads_and_the_inverse_cuts(n, length):
         dct(torch.randn(1, 16, 2), dim=1, n=8)
 
 
+@both_dct_backends
 def test_dct_is_orthonormal():
     eye = torch.eye(16, dtype=torch.float64)
     basis = dct(eye)
     torch.testing.assert_close(basis @ basis.T, eye, atol=1e-12, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize(("n", "length"), [(16, 16), (16, 9), (45, 31)])
 def test_dct_gradients_and_double_backward(n, length):
     # The orthonormal, zero-padded DCT's gradient is the inverse DCT cut to the input's length, and the other way
@@ -119,6 +116,7 @@ def test_dct_gradients_and_double_backward(n, length):
         assert torch.autograd.gradgradcheck(fn, (argument,))
 
 
+@both_dct_backends
 def test_the_dct_of_a_strided_view_leaves_the_input_alone():
     rows = torch.randn(2, 32, 9, dtype=torch.float64)
     x = rows[..., :3]  # a strided view, as the operator's gates are
@@ -139,6 +137,7 @@ def test_fft_long_convolution_equals_direct_circular_convolution(n):
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("n", LENGTHS)
 def test_dct_long_convolution_equals_direct_symmetric_convolution(n):
     x = torch.randn(2, n, 3, dtype=torch.float64)
@@ -148,6 +147,7 @@ def test_dct_long_convolution_equals_direct_symmetric_convolution(n):
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 def test_kernels_keep_their_gain_under_both_transforms(transform):
     # An impulse is the identity and a kernel at lag +-1 averages the neighbours with weight h[1], for both transforms
@@ -165,6 +165,7 @@ def test_kernels_keep_their_gain_under_both_transforms(transform):
     torch.testing.assert_close(y[:, 1:-1], 0.5 * (x[:, :-2] + x[:, 2:]), atol=1e-12, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 def test_constant_multiplier_is_a_scaling_and_shorter_inputs_are_zero_padded(transform):
     x = torch.randn(2, 33, 4, dtype=torch.float64)
@@ -173,6 +174,7 @@ def test_constant_multiplier_is_a_scaling_and_shorter_inputs_are_zero_padded(tra
     torch.testing.assert_close(long_convolution(x, scale, transform, 50), x * scale, atol=1e-12, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("n", [17, 128, 129, 300])
 def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
@@ -188,6 +190,7 @@ def test_static_filter_multiplier_convolves_with_its_kernel(transform, n):
     np.testing.assert_allclose(to_np(got).transpose(0, 2, 1), expected[..., : n - 3], atol=1e-9, rtol=0)
 
 
+@both_dct_backends
 def test_listing1_filter_spectrum_is_the_dct_of_the_kernel_on_lags_0_to_n():
     # The default, the authors' parameterisation: dct(h0) of a kernel on lags 0 .. N-1 whose decay only falls.
     long_filter = ImplicitFilter(3, 16, "dct").double()
@@ -205,6 +208,7 @@ def test_listing1_filter_spectrum_is_the_dct_of_the_kernel_on_lags_0_to_n():
     torch.testing.assert_close(fft_listing1(x), fft_convolution(x), atol=0, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("spectrum,median_bound", [("listing1", 0.15), ("convolution", 0.01)])
 def test_the_dct_static_kernel_stays_local_and_does_not_reach_the_mirror_position(spectrum, median_bound):
     # An impulse at position 20 of 128: its response near the mirror position 107 against its response near 20, over
@@ -334,6 +338,7 @@ def reference_dct_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
     return (to_np(op.out_proj.weight) @ y + to_np(op.out_proj.bias)[:, None]).T
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("conditioning,activation", [("abs", "identity"), ("xcorr", "identity"), ("xcorr", "tanh")])
 def test_channel_groups_without_autograd_give_the_outputs_of_all_channels_at_once(
@@ -368,6 +373,7 @@ def test_channel_groups_without_autograd_give_the_outputs_of_all_channels_at_onc
             torch.testing.assert_close(grouped, together.detach(), rtol=0, atol=1e-12)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("length", [9, 12])
 def test_dct_operator_matches_direct_reference(length):
     op = OrchidOperator(4, 12, transform="dct", conditioning="abs", filter_spectrum="convolution").double()
@@ -414,6 +420,7 @@ def test_data_dependent_kernel_is_shift_invariant_under_cross_conditioning():
     )
 
 
+@both_dct_backends
 def test_shift_equivariance_test_detects_a_non_equivariant_operator():
     # The DCT path has an even-symmetric boundary instead of wrap-around: it is not equivariant, which shows the
     # equivariance check above is able to fail.
@@ -423,6 +430,7 @@ def test_shift_equivariance_test_detects_a_non_equivariant_operator():
     assert error > 1e-3
 
 
+@both_dct_backends
 @pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
 def test_the_dct_kernel_moves_with_its_input_even_away_from_the_boundaries(conditioning):
     # docs/model.md: the data-dependent kernel is invariant to shifts under the FFT only. A DCT coefficient's magnitude
@@ -445,6 +453,7 @@ def test_the_dct_kernel_moves_with_its_input_even_away_from_the_boundaries(condi
 # ---------------------------------------------------------------------------------------------
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
 def test_output_does_not_depend_on_padding_or_batch_mates(transform, conditioning):
@@ -469,6 +478,7 @@ def test_output_does_not_depend_on_padding_or_batch_mates(transform, conditionin
     assert torch.isfinite(out).all()
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
 def test_left_padding_and_holes_give_the_outputs_of_right_padding(transform, conditioning):
@@ -497,6 +507,7 @@ def test_left_padding_and_holes_give_the_outputs_of_right_padding(transform, con
     torch.testing.assert_close(crossed, op(tokens, conditioning_input=u), atol=1e-10, rtol=0)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e30])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_non_finite_values_at_padded_positions_never_reach_real_tokens(value, side):
@@ -513,12 +524,11 @@ def test_non_finite_values_at_padded_positions_never_reach_real_tokens(value, si
     assert all(torch.isfinite(p.grad).all() for p in op.parameters())
 
 
-def test_channel_groups_cover_every_channel_once(channel_groups):
-    groups = orchid_layers.channel_groups(13, tokens=64)
-    if channel_groups == "channels together":
-        assert groups == [slice(None)]
-    else:
-        assert groups == [slice(i, i + 1) for i in range(13)]
+def test_channel_groups_cover_every_channel_once(monkeypatch):
+    assert orchid_layers.channel_groups(13, tokens=64) == [slice(None)]
+    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
+    assert orchid_layers.channel_groups(13, tokens=64) == [slice(i, i + 1) for i in range(13)]
     # At the defaults (2^19 numbers, at least 32 channels): all of orchid-bert-base's 768 channels at once at (8, 128),
     # groups of 128 at (1, 4096) and of 32 at (1, 16384).
     with pytest.MonkeyPatch.context() as patch:
@@ -556,6 +566,7 @@ def test_non_binary_masks_are_refused_naming_the_convention(mask_values, message
         op(torch.randn(1, 12, 4), mask)
 
 
+@both_dct_backends
 def test_cross_conditioning_sequence_is_zero_padded_to_the_input_length():
     op = OrchidOperator(4, 16, transform="dct").double()
     x = torch.randn(2, 12, 4, dtype=torch.float64)
@@ -574,6 +585,7 @@ def test_cross_conditioning_sequence_is_zero_padded_to_the_input_length():
 # ---------------------------------------------------------------------------------------------
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("conditioning,activation", [("abs", "identity"), ("xcorr", "identity"), ("xcorr", "tanh")])
 def test_gradcheck(transform, conditioning, activation):
@@ -590,6 +602,7 @@ def test_gradcheck(transform, conditioning, activation):
     assert all(g.abs().sum() > 0 for g in grads), "every parameter takes part in the output"
 
 
+@both_dct_backends
 @pytest.mark.parametrize("length", [1, 2, 7, 31, 48, 63])
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 def test_any_length_up_to_max_len(length, transform):
@@ -599,6 +612,7 @@ def test_any_length_up_to_max_len(length, transform):
     assert torch.isfinite(y).all()
 
 
+@both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
 def test_bf16_autocast_forward_and_backward_stay_finite(transform, conditioning):
@@ -617,6 +631,7 @@ def test_bf16_autocast_forward_and_backward_stay_finite(transform, conditioning)
     torch.testing.assert_close(y.float(), op(x, mask).detach(), atol=0.1, rtol=0.1)
 
 
+@both_dct_backends
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 def test_half_precision_weights_run_with_transforms_in_float32(dtype, transform):
@@ -630,8 +645,9 @@ def test_half_precision_weights_run_with_transforms_in_float32(dtype, transform)
     torch.testing.assert_close(y.float(), expected, atol=0.1, rtol=0.1)
 
 
-def test_memory_is_linear_in_length():
-    # An L x L float32 matrix at L = 2^16 would need 16 GiB; the operator needs a few MiB.
+def test_a_sequence_of_65536_positions_runs_in_one_call():
+    # An L x L float32 matrix at L = 2^16 would need 16 GiB; the operator's buffers grow with L (the benchmark
+    # measures its memory by length).
     op = OrchidOperator(2, 2**16, filter_width=4)
     with torch.no_grad():
         y = op(torch.randn(1, 2**16, 2))
