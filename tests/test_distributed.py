@@ -17,6 +17,8 @@ from orchid_hf import OrchidConfig, OrchidForMaskedLM
 from orchid_hf.pretraining import block_packer
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,filter_width=16"

@@ -157,6 +157,7 @@ class FakeHub:
         return str(target)
 
 
+@pytest.mark.slow
 def test_push_and_pull_round_trip(text_model, tmp_path, monkeypatch, hf_modules_cache):
     hub = FakeHub(tmp_path / "hub")
     url = push_to_hub(text_model, "me/orchid-tiny-sst2", api=hub, private=True, commit_message="v1")

@@ -104,6 +104,7 @@ def test_dct_is_orthonormal():
     torch.testing.assert_close(basis @ basis.T, eye, atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow
 @both_dct_backends
 @pytest.mark.parametrize(("n", "length"), [(16, 16), (16, 9), (45, 31)])
 def test_dct_gradients_and_double_backward(n, length):
@@ -585,6 +586,7 @@ def test_cross_conditioning_sequence_is_zero_padded_to_the_input_length():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @both_dct_backends
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 @pytest.mark.parametrize("conditioning,activation", [("abs", "identity"), ("xcorr", "identity"), ("xcorr", "tanh")])

@@ -119,6 +119,7 @@ def test_a_few_steps_reduce_the_loss(model):
 STEPS = 400
 
 
+@pytest.mark.slow
 def test_the_recall_preset_learns_the_task():
     # The preset at a small size of the task (4 keys, 4 values, 7 pairs). With BERT's initialisation of the word
     # embeddings (std 0.02 instead of the preset's 1) the same run stays near 60%.
@@ -127,6 +128,7 @@ def test_the_recall_preset_learns_the_task():
     assert result["test_accuracy"] >= 0.97, result["curve"]
 
 
+@pytest.mark.slow
 def test_training_loop_logs_a_curve_and_the_table_reads_it(tmp_path):
     config = RecallConfig(vocab_size=8, seq_len=16, hidden_size=16, steps=4, batch_size=8, warmup_steps=2,
                           eval_every=2, eval_size=20)  # fmt: skip
@@ -174,6 +176,7 @@ FLAGS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,check", FLAGS, ids=[" ".join(f) for f, _ in FLAGS])
 def test_every_flag_of_the_script_runs_and_takes_effect(tmp_path, flags, check, monkeypatch):
     import experiments.recall as recall
@@ -189,6 +192,7 @@ def test_every_flag_of_the_script_runs_and_takes_effect(tmp_path, flags, check, 
     assert len(out.with_name("run.json.log").read_text().splitlines()) == len(result["curve"])
 
 
+@pytest.mark.slow
 def test_the_script_prints_the_table_and_plots_the_curves(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     script = load_script()
