@@ -62,7 +62,7 @@ def profile_operator(impl: str, batch: int, length: int, settings: BenchmarkSett
 def profile_train(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None,
                   calls: int = 3) -> str:
     """The profile table of ``calls`` training steps (forward + backward of the MLM loss, as the train part times them;
-    not the optimizer) of the masked-LM model ``impl``: orchid or orchid_reference."""
+    not the optimizer) of the masked-LM candidate ``impl``."""
     torch.manual_seed(0)
     spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
     step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)

@@ -480,3 +480,18 @@ def test_the_registry_declares_what_each_candidate_builds_and_refuses_the_rest()
         candidates.build_masked_lm("attention_sdpa", True, 16)
     with pytest.raises(ValueError, match=r"candidate x runs in \['model'\] but builds only \['operator'\]"):
         candidates.Candidate("x", "X", dict(operator=lambda *args: None), tables=("model",))
+
+
+def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
+    config = quick_settings("--parts", "model,train", "--model-shapes", "2x16").to_json()
+    assert set(config) == {
+        "quick", "parts", "hidden", "heads", "lengths", "modes", "model_modes", "operator_impls", "model_impls",
+        "model_shapes", "train_shapes", "train_checkpointing", "layers", "profile_shapes", "profile_train_shapes",
+        "repeats", "min_repeats", "point_budget_s", "max_call_s", "threads", "rss", "device", "dtype", "reference",
+        "exponent_range", "memory_length",
+    }
+    assert config["operator_impls"] == ["orchid", "orchid_optimized", "attention_sdpa", "attention_math"]
+    assert config["model_impls"] == ["orchid", "orchid_optimized", "bert"]
+    assert config["parts"] == ["model", "train"] and config["model_shapes"] == [(2, 16)]
+    assert config["dtype"] == "torch.float32" and config["exponent_range"] == [64, 256]
+    json.dumps(config)  # every value is JSON
