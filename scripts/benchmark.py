@@ -1,4 +1,4 @@
-"""Speed and memory of Orchid against attention; see ``benchmarks/speed.py`` and docs/performance.md.
+"""Speed and memory of Orchid against BERT and attention; see ``benchmarks/speed.py`` and docs/performance.md.
 
     python scripts/benchmark.py                      # operator series and model shapes, CPU, 1 thread
     python scripts/benchmark.py --quick              # tiny sizes, seconds

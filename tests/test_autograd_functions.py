@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers.activations import ACT2FN
 
-from benchmarks.speed import saved_storage_bytes
+from benchmarks.measure import saved_storage_bytes
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
 
 ACTIVATIONS = ["gelu", "gelu_new", "silu", "relu"]

@@ -1,0 +1,388 @@
+"""Measuring: each candidate in a worker process of its own, called in interleaved rounds; time per call, peak
+memory, and what the machine was.
+
+Each candidate lives in a worker process of its own, so that no candidate inherits another's memory allocator state
+(on the CPU, fresh pages of a large tensor cost about as much as the pass that fills them, and which tensors get fresh
+pages depends on everything allocated and freed before). The workers are called in interleaved rounds, one call each,
+each round starting with the next candidate in turn, so that load from other processes hits them alike; only one worker
+runs at a time. A candidate's first call at a point is a warm-up, run under ``torch.profiler`` with
+``profile_memory=True``: the peak of the running sum of tensor allocations minus frees during that call is the peak
+memory reported (every tensor the call allocates through PyTorch's allocator; not the weights and inputs that exist
+before it, nor MKL's or oneDNN's own workspaces). ``--rss`` also measures the growth of the worker's peak resident set
+size over one call (``VmHWM`` after a reset through ``/proc/self/clear_refs``), which sees everything, allocator slack
+included. A candidate whose warm-up call alone took longer than ``max_call_s`` is timed by that one call
+(``single_call``). With ``--device cuda`` every step synchronises and memory is the CUDA allocator's peak.
+
+A worker is ``python -m benchmarks.measure --worker SETTINGS`` run from the repository root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks.candidates import REFERENCE, build_steps, load_modeling
+from benchmarks.settings import BenchmarkSettings
+
+# Calls up to this long are profiled a second time after timing, for the peak memory of later calls.
+LATER_PEAK_MAX_CALL_S = 20.0
+REPO_ROOT = Path(__file__).resolve().parents[1]  # workers run ``python -m benchmarks.measure`` from here
+WORKER_MODULE = "benchmarks.measure"
+WORKER_REPLY = "@@benchmark-worker "  # the prefix of a worker's replies on its stdout
+
+
+def peak_bytes(fn: Callable[[], None], device: str) -> int:
+    """Peak tensor memory of one call above what existed before it: the CUDA allocator's peak statistic on a GPU, the
+    profiler's allocation events on the CPU."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        return torch.cuda.max_memory_allocated() - before
+    return profiled_peak_bytes(fn)
+
+
+def profiled_peak_bytes(fn: Callable[[], None]) -> int:
+    """Run fn once under the profiler; the peak of live tensor bytes it allocated (allocations minus frees)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def rss_peak_bytes(fn: Callable[[], None]) -> int:
+    """How far one call raises this process's peak resident set size above its size before the call."""
+    with open("/proc/self/clear_refs", "w") as clear:  # resets VmHWM to the current RSS
+        clear.write("5")
+    before = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - before) * 1024
+
+
+class WorkerState:
+    """What a worker process holds: the candidate built for the current point, its step, and in the train part its
+    optimizer step (run after every profiled or timed step, and timed on its own)."""
+
+    def __init__(self, settings: dict):
+        torch.set_num_threads(settings["threads"])
+        self.device = settings["device"]
+        self.dtype = getattr(torch, settings["dtype"])
+        self.reference = load_modeling(settings["reference"]) if settings.get("reference") else None
+        self.step = self.optimizer_step = None
+
+    def build(self, spec: dict) -> dict:
+        self.step = self.optimizer_step = None
+        torch.manual_seed(0)
+        self.step, self.optimizer_step = build_steps(spec, self.reference, self.device, self.dtype)
+        return {}
+
+    def _then_optimizer(self, reply: dict) -> dict:
+        """After a step of the train part, the optimizer step on its gradients, timed apart (``optimizer_s``)."""
+        if self.optimizer_step is not None:
+            start = time.perf_counter()
+            self.optimizer_step()
+            reply["optimizer_s"] = time.perf_counter() - start
+        return reply
+
+    def handle(self, request: dict) -> dict:
+        op = request["op"]
+        if op == "build":
+            return self.build(request["spec"])
+        if op == "time":
+            start = time.perf_counter()
+            self.step()
+            return self._then_optimizer({"seconds": time.perf_counter() - start})
+        if op == "profile":
+            start = time.perf_counter()
+            peak = peak_bytes(self.step, self.device)
+            return self._then_optimizer({"peak_bytes": peak, "seconds": time.perf_counter() - start})
+        if op == "rss":
+            return {"rss_peak_bytes": rss_peak_bytes(self.step)}
+        if op == "release":
+            self.step = self.optimizer_step = None
+            return {}
+        raise ValueError(f"unknown worker request {op!r}")
+
+
+def worker_main(settings: dict) -> None:
+    """A worker's loop: one JSON request per line on stdin, one reply per line on stdout after WORKER_REPLY."""
+    state = WorkerState(settings)
+    print(WORKER_REPLY + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request["op"] == "exit":
+            break
+        try:
+            reply = state.handle(request)
+        except Exception:  # reported to the coordinator, which raises it with the worker's traceback
+            reply = {"error": traceback.format_exc()}
+        print(WORKER_REPLY + json.dumps(reply), flush=True)
+
+
+class WorkerFailure(RuntimeError):
+    """A candidate's worker failed a request: an exception in it (``reason`` is its last line), or the process ended
+    (killed by the kernel when memory runs out, for one)."""
+
+    def __init__(self, impl: str, reason: str, details: str):
+        super().__init__(f"benchmark worker {impl} failed: {reason}\n{details}")
+        self.reason = reason
+
+
+class Worker:
+    """A candidate's worker process, seen from the coordinator."""
+
+    def __init__(self, impl: str, settings: BenchmarkSettings):
+        self.impl = impl
+        worker_settings = settings.worker_settings
+        if impl != REFERENCE:  # only its worker imports the other version's code
+            worker_settings["reference"] = None
+        self.log = tempfile.TemporaryFile("w+")  # the worker's stderr, shown if it fails
+        command = [sys.executable, "-m", WORKER_MODULE, "--worker", json.dumps(worker_settings)]
+        self.process = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1
+        )
+        self._reply()
+
+    def request(self, op: str, **fields) -> dict:
+        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.process.stdin.flush()
+        return self._reply()
+
+    def _reply(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith(WORKER_REPLY):
+                reply = json.loads(line[len(WORKER_REPLY) :])
+                if "error" in reply:
+                    raise WorkerFailure(self.impl, reply["error"].strip().splitlines()[-1], reply["error"])
+                return reply
+        self.log.seek(0)
+        code = self.process.wait()
+        reason = "killed (signal 9: out of memory?)" if code == -9 else f"exited with code {code}"
+        raise WorkerFailure(self.impl, reason, self.log.read()[-4000:])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.process.stdin.flush()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.log.close()
+
+
+class Workers(dict):
+    """One worker per candidate, started on first use and kept for every point of the run."""
+
+    def __init__(self, settings: BenchmarkSettings):
+        super().__init__()
+        self.settings = settings
+
+    def get_worker(self, impl: str) -> Worker:
+        if impl not in self:
+            self[impl] = Worker(impl, self.settings)
+        return self[impl]
+
+    def discard(self, impl: str) -> None:
+        """Stop a candidate's worker (after a failure): the next point starts a new one."""
+        worker = self.pop(impl, None)
+        if worker is not None:
+            worker.close()
+
+    def close(self) -> None:
+        for worker in self.values():
+            worker.close()
+        self.clear()
+
+
+def interleaved_times(
+    steps: dict[str, Callable[[], float]], repeats: int, min_repeats: int, budget_s: float
+) -> dict[str, list[float]]:
+    """Seconds per call of each step (each returns the seconds its call took), timed in rounds of one call each;
+    stops after ``repeats`` rounds, or after ``min_repeats`` rounds once ``budget_s`` is spent. Each round starts with
+    the next step in turn, so that no step always runs right after the same other one."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    start = time.perf_counter()
+    for round_index in range(repeats if names else 0):  # none where every candidate at a point failed
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(steps[name]())
+        if round_index + 1 >= min_repeats and time.perf_counter() - start > budget_s:
+            break
+    return times
+
+
+def measure_point(workers: Workers, impls: list[str], spec: dict, settings: BenchmarkSettings) -> dict:
+    """Build every candidate at one point in its worker, run its warm-up call under the profiler (peak memory), then
+    time all of them in interleaved rounds. A candidate whose warm-up took longer than ``max_call_s`` is timed by that
+    single call (``single_call``): at that scale one more call would cost minutes and first-call effects are small.
+    A candidate that fails to build or to run its warm-up (out of memory, typically) is reported as ``failed``.
+    Where the worker also runs an optimizer step after each call (the train part), its times are ``optimizer_times_s``:
+    those after the timed calls, or the one after a ``single_call`` warm-up (otherwise the warm-up's is left out, as
+    the optimizer's first step allocates its state)."""
+    out, timed = {}, {}
+    for impl in impls:
+        try:
+            worker = workers.get_worker(impl)
+            worker.request("build", spec=dict(spec, impl=impl))
+            warmup = worker.request("profile")
+        except WorkerFailure as failure:
+            workers.discard(impl)
+            out[impl] = {"failed": failure.reason}
+            continue
+        single = warmup["seconds"] > settings.max_call_s
+        out[impl] = {"peak_bytes": warmup["peak_bytes"], "warmup_s": warmup["seconds"], "single_call": single}
+        if single:
+            out[impl]["times_s"] = [warmup["seconds"]]
+            if "optimizer_s" in warmup:
+                out[impl]["optimizer_times_s"] = [warmup["optimizer_s"]]
+        else:
+            timed[impl] = worker
+
+    def timed_call(impl: str, worker: Worker) -> float:
+        reply = worker.request("time")
+        if "optimizer_s" in reply:
+            out[impl].setdefault("optimizer_times_s", []).append(reply["optimizer_s"])
+        return reply["seconds"]
+
+    steps = {impl: (lambda impl=impl, worker=worker: timed_call(impl, worker)) for impl, worker in timed.items()}
+    for impl, times in interleaved_times(steps, settings.repeats, settings.min_repeats,
+                                          settings.point_budget_s).items():
+        out[impl]["times_s"] = times
+    for impl, worker in timed.items():
+        # Peak memory once more after the timed calls: what each later call needs on its own.
+        if out[impl]["warmup_s"] <= LATER_PEAK_MAX_CALL_S:
+            out[impl]["later_peak_bytes"] = worker.request("profile")["peak_bytes"]
+        if settings.rss:
+            out[impl]["rss_peak_bytes"] = worker.request("rss")["rss_peak_bytes"]
+    for impl in impls:
+        if impl in workers:
+            workers[impl].request("release")  # the next point starts with this one's memory freed
+    return out
+
+
+def available_bytes(device: str = "cpu") -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info()[0]
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil is a transformers dependency in practice
+        return 8 << 30
+
+
+def math_attention_bytes(batch: int, heads: int, length: int, mode: str, itemsize: int = 4) -> int:
+    """L x L buffers of math attention: scores and probabilities (forward); twice that to train."""
+    per_matrix = itemsize * batch * heads * length * length
+    return per_matrix * (2 if mode == "forward" else 4)
+
+
+def fit_power_law(lengths: list[int], values: list[float]) -> tuple[float, float] | None:
+    """Least-squares fit of log(value) = exponent * log(L) + intercept; None with fewer than two points."""
+    points = [(math.log(n), math.log(v)) for n, v in zip(lengths, values) if v and v > 0]
+    if len(points) < 2:
+        return None
+    mean_x = statistics.fmean(p[0] for p in points)
+    mean_y = statistics.fmean(p[1] for p in points)
+    var = sum((p[0] - mean_x) ** 2 for p in points)
+    if var == 0:
+        return None
+    slope = sum((p[0] - mean_x) * (p[1] - mean_y) for p in points) / var
+    return slope, mean_y - slope * mean_x
+
+
+def machine_info(threads: int, device: str = "cpu") -> dict:
+    info = {
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": threads,
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in lscpu.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L2 cache", "L3 cache", "Flags"):
+                value = value.strip()
+                if key.strip() == "Flags":
+                    value = " ".join(f for f in value.split() if f.startswith(("avx512f", "avx2", "fma")))
+                info[key.strip()] = value
+    except (OSError, subprocess.SubprocessError):
+        pass
+    # Allocator and threading settings change CPU timings (page faults of fresh allocations): record them.
+    info["environment"] = {k: v for k, v in os.environ.items()
+                           if k.startswith(("MALLOC_", "GLIBC_TUNABLES", "OMP_", "MKL_", "THP_", "LD_PRELOAD"))}
+    try:
+        info["memory_total_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    return info
+
+
+def load_average() -> float:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return float("nan")
+
+
+
+
+def saved_storage_bytes(fn: Callable, *args, **kwargs) -> int:
+    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        # Saved tensors stay alive until backward, so no two of them share an address unless they share storage.
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn(*args, **kwargs)
+    return sum(storages.values())
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--worker"] or len(sys.argv) != 3:
+        raise SystemExit(f"usage: python -m {WORKER_MODULE} --worker SETTINGS_JSON (started by the benchmark)")
+    worker_main(json.loads(sys.argv[2]))

@@ -1,0 +1,185 @@
+"""Profiles instead of timings (``--profile``, ``--profile-train``): where the time of a call goes, op by op, what the
+plain model's forward spends on its static implicit filters, and what a training step keeps for backward. Run in
+the benchmark's own process, one candidate after the other."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.candidates import (
+    CANDIDATES,
+    REFERENCE,
+    baseline_of,
+    build_masked_lm,
+    build_model,
+    build_operator,
+    build_steps,
+    candidates_in,
+    load_modeling,
+    make_step,
+    mlm_batch,
+    orchid_config,
+    synchronizer,
+)
+from benchmarks.measure import saved_storage_bytes
+from benchmarks.settings import BenchmarkSettings
+
+
+def profile_table(title: str, step: Callable[[], None], calls: int = 3, rows: int = 15) -> str:
+    """A Markdown table of the ops that cost most in ``calls`` calls of ``step`` (after a warm-up), by self CPU time:
+    where the time goes, op by op; ``title`` is followed by the time per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            step()
+    averages = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in averages)
+    lines = [f"### {title}: {total / 1e3 / calls:,.1f} ms per call", "",
+             "| op | ms per call | share | calls per call |", "|---|---|---|---|"]
+    for event in averages[:rows]:
+        lines.append(f"| {event.key} | {event.self_cpu_time_total / 1e3 / calls:,.2f} | "
+                     f"{100 * event.self_cpu_time_total / max(total, 1):.1f}% | {event.count // calls} |")
+    return "\n".join(lines + [""])
+
+
+def profile_operator(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None,
+                     calls: int = 3) -> str:
+    """The profile table of ``calls`` forward calls of one operator."""
+    torch.manual_seed(0)
+    module = build_operator(impl, settings.hidden, settings.heads, length, reference)
+    module = module.to(settings.device, settings.dtype)
+    x = torch.randn(batch, length, settings.hidden, device=settings.device, dtype=settings.dtype)
+    step = make_step(module, "forward", x, is_model=False)
+    return profile_table(f"{CANDIDATES[impl].label}, (B={batch}, L={length})", step, calls)
+
+
+def profile_train(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None,
+                  calls: int = 3) -> str:
+    """The profile table of ``calls`` training steps (forward + backward of the MLM loss, as the train part times them;
+    not the optimizer) of the masked-LM candidate ``impl``."""
+    torch.manual_seed(0)
+    spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
+    step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)
+    title = (f"{CANDIDATES[impl].table_label('train_model')}, training step (forward + backward), {settings.layers} "
+             f"layers, (B={batch}, L={length})")
+    return profile_table(title, step, calls)
+
+
+def median_seconds(step: Callable[[], None], calls: int) -> float:
+    """The median wall time of ``calls`` calls of ``step``, after a warm-up call."""
+    step()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def implicit_filter_cost(batch: int, length: int, settings: BenchmarkSettings, calls: int = 3) -> dict:
+    """What the plain model's forward (orchid-bert-base's sizes, ``max_position_embeddings = length``) spends on its
+    static implicit filters: every layer's two kernels ``FFN(PosEmb(t)) * decay(t)`` over the N lags and their
+    multipliers (:meth:`ImplicitFilter.spectrum`), which depend on the weights alone and are computed on every call.
+    Median seconds of the model's forward and of the filters alone, each over ``calls`` calls."""
+    torch.manual_seed(0)
+    model = build_model("orchid", settings.quick, length, layers=settings.layers).to(settings.device, settings.dtype)
+    inputs = torch.randint(1, model.config.vocab_size, (batch, length), device=settings.device)
+    forward = make_step(model, "forward", inputs, is_model=True)
+    mixers = [layer.mixer for layer in model.encoder.layer]
+    filters = [f for mixer in mixers for f in (mixer.static_filter, mixer.residual_filter) if f is not None]
+    compute_dtype = torch.promote_types(settings.dtype, torch.float32)  # the operator's transform dtype
+    sync = synchronizer(settings.device)
+
+    def filters_step():
+        with torch.inference_mode():
+            for implicit_filter in filters:
+                implicit_filter.spectrum(compute_dtype)
+        sync()
+
+    forward_s = median_seconds(forward, calls)
+    return dict(batch=batch, length=length, forward_s=forward_s, filters_s=median_seconds(filters_step, calls),
+                filters=len(filters))
+
+
+def implicit_filter_table(shapes: list[tuple[int, int]], settings: BenchmarkSettings) -> str:
+    """A Markdown table of :func:`implicit_filter_cost` at each shape."""
+    lines = [f"### The plain model's implicit filters, computed on every forward call ({settings.layers} layers)", "",
+             "| (B, L) | forward ms | the filters' kernels and multipliers ms | share |", "|---|---|---|---|"]
+    for batch, length in shapes:
+        cost = implicit_filter_cost(batch, length, settings)
+        lines.append(f"| ({batch}, {length}) | {1e3 * cost['forward_s']:,.1f} | {1e3 * cost['filters_s']:,.1f} "
+                     f"({cost['filters']} filters) | {100 * cost['filters_s'] / cost['forward_s']:.1f}% |")
+    return "\n".join(lines + [""])
+
+
+def saved_bytes_per_layer(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None) -> int:
+    """The bytes that autograd keeps for backward in one layer of the masked-LM model ``impl`` at (batch, length): the
+    distinct storages saved by the forward of a two-layer model less those of a one-layer model, so that the
+    embeddings and the head cancel. What a training step holds at its peak grows with this times the depth."""
+    totals = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        model = build_masked_lm(impl, settings.quick, length, reference, layers)
+        model = model.to(settings.device, settings.dtype).train()
+        input_ids, labels = mlm_batch(model.config.vocab_size, batch, length, settings.device)
+        totals.append(saved_storage_bytes(model, input_ids=input_ids, labels=labels))
+    return totals[1] - totals[0]
+
+
+def saved_activations_table(shapes: list[tuple[int, int]], settings: BenchmarkSettings, reference=None) -> str:
+    """A Markdown table of :func:`saved_bytes_per_layer` for the train part's models at each shape, also in units of
+    one (batch, length, hidden) activation."""
+    import orchid_hf
+
+    impls = ["orchid"] + ([REFERENCE] if reference is not None else []) + [baseline_of("train_model")]
+    lines = ["### Activations saved for backward, per layer", "",
+             "| (B, L) | " + " | ".join(f"{CANDIDATES[impl].table_label('train_model')} MiB (activations)"
+                                      for impl in impls) + " |",
+             "|---|" + "---|" * len(impls)]
+    for batch, length in shapes:
+        activation = batch * length * orchid_config(orchid_hf, settings.quick, length).hidden_size
+        cells = []
+        for impl in impls:
+            saved = saved_bytes_per_layer(impl, batch, length, settings, reference)
+            cells.append(f"{saved / 2**20:,.1f} ({saved / (activation * torch.finfo(settings.dtype).bits // 8):.1f})")
+        lines.append(f"| ({batch}, {length}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
+
+
+def profile_tables(settings: BenchmarkSettings, log: Callable[[str], None], show: bool = True) -> str:
+    """The Markdown of ``--profile`` (each Orchid candidate's operator forward at ``settings.profile_shapes``, then the
+    implicit filters' share) and ``--profile-train`` (each Orchid masked-LM candidate's training step at
+    ``settings.profile_train_shapes``, then the activations saved per layer); the summary tables printed if
+    ``show``."""
+    reference = load_modeling(settings.reference) if settings.reference else None
+    tables = []
+
+    def add(table: str, message: str, printed: bool) -> None:
+        tables.append(table)
+        log(message)
+        if show and printed:
+            print(table, flush=True)
+
+    operators = [name for name in candidates_in("operator", "forward", settings) if not CANDIDATES[name].baseline]
+    for batch, length in settings.profile_shapes:
+        for name in operators:
+            add(profile_operator(name, batch, length, settings, reference),
+                f"profiled {name} at (B={batch}, L={length})", printed=False)
+    if settings.profile_shapes:
+        add(implicit_filter_table(settings.profile_shapes, settings), "timed the plain model's implicit filters",
+            printed=True)
+    masked_lms = [name for name in candidates_in("train_model", settings=settings) if not CANDIDATES[name].baseline]
+    for batch, length in settings.profile_train_shapes:
+        for name in masked_lms:
+            add(profile_train(name, batch, length, settings, reference),
+                f"profiled the training step of {name} at (B={batch}, L={length})", printed=True)
+    if settings.profile_train_shapes:
+        add(saved_activations_table(settings.profile_train_shapes, settings, reference),
+            "counted the activations saved for backward", printed=True)
+    return "\n".join(tables)
