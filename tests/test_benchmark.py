@@ -34,6 +34,7 @@ def reference_checkout(tmp_path_factory) -> Path:
     return copy_modeling(tmp_path_factory.mktemp("reference"))
 
 
+@pytest.mark.slow
 def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path, reference_checkout):
     lengths = [16, 32]
     result = speed.main(
@@ -121,6 +122,7 @@ def test_a_reference_with_smaller_default_filters_is_built_with_this_versions_fi
     assert linear_shapes(operator.static_filter) == linear_shapes(our_operator.static_filter)
 
 
+@pytest.mark.slow
 def test_a_failing_candidate_is_reported_and_the_others_are_measured():
     settings = quick_settings("--repeats", "2")
     workers = measure.Workers(settings)
@@ -278,6 +280,7 @@ def test_shapes_and_lengths_parse():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_train_part_runs_at_tiny_sizes_and_reports_every_candidate_and_shape(tmp_path, reference_checkout):
     shapes = [(2, 16), (1, 32)]
     result = speed.main(["--quick", "--parts", "train", "--train-shapes", "2x16,1x32", "--repeats", "2",
@@ -365,6 +368,7 @@ def test_the_mlm_batch_is_seeded_the_same_for_every_model_and_labels_a_share_of_
     assert (candidates.mlm_batch(1000, 1, 2)[1] != -100).any()  # never a loss over no position
 
 
+@pytest.mark.slow
 def test_a_reference_without_a_masked_lm_is_reported_as_failed_in_the_train_part(tmp_path, reference_checkout):
     reference = candidates.load_modeling(reference_checkout)
     assert type(candidates.build_masked_lm("orchid_reference", True, 16, reference)) is reference.OrchidForMaskedLM
@@ -414,6 +418,7 @@ def test_train_ratios_are_reported_only_where_both_models_were_measured():
     assert "² failed: BertForMaskedLM (SDPA) at (B=1, L=16384): killed." in markdown
 
 
+@pytest.mark.slow
 def test_profile_train_writes_a_table_of_the_training_steps_top_ops(tmp_path, capsys):
     result = speed.main(["--quick", "--profile-train", "2x16", "--out-dir", str(tmp_path), "--tag", "t"])
     assert result["records"] == []  # profiling instead of timing
@@ -458,6 +463,7 @@ def test_train_checkpointing_adds_a_candidate_with_the_plain_models_gradients():
         torch.testing.assert_close(grads["orchid_checkpointing"][name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_profile_times_the_plain_models_implicit_filters(tmp_path, capsys):
     result = speed.main(["--quick", "--profile", "2x16", "--out-dir", str(tmp_path), "--tag", "t"])
     assert result["records"] == []
