@@ -31,6 +31,14 @@ from transformers import (  # noqa: E402
     set_seed,
 )
 
+from .data_files import (  # noqa: E402
+    DataFile,
+    check_labels_present,
+    fill_empty_text,
+    locate,
+    read_data_file,
+    require_columns,
+)
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
 from .recipes import list_recipes  # noqa: E402
@@ -292,31 +300,20 @@ LOCAL_GLUE_HINT = (
 )
 
 
-def load_data_file(path: str | Path, cache_dir: str | None = None):
-    """One split from a .tsv/.csv/.json(l)/.parquet file. TSV is read without quote handling: GLUE's own files
-    contain unbalanced quotes that are part of the text."""
-    from datasets import load_dataset
-
-    path = Path(path)
-    if path.suffix not in DATA_EXTENSIONS:
-        raise ValueError(f"data file {path} must end in one of {', '.join(DATA_EXTENSIONS)}")
-    if not path.is_file():
-        raise ValueError(f"data file {path} does not exist")
-    if path.suffix in (".tsv", ".csv"):
-        extra = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}
-        return load_dataset("csv", data_files=str(path), split="train", cache_dir=cache_dir, **extra)
-    builder = "json" if path.suffix in (".json", ".jsonl") else "parquet"
-    return load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
+def load_data_file(path: str | Path, cache_dir: str | None = None, role: str = "data"):
+    """One split from a .tsv/.csv/.json(l)/.parquet file (:func:`orchid_hf.data_files.read_data_file`). TSV is read
+    without quote handling: GLUE's own files contain unbalanced quotes that are part of the text."""
+    return read_data_file(DataFile(path, role), cache_dir, suffixes=DATA_EXTENSIONS)
 
 
-def _local_split(data_dir: Path, task: str, split: str, cache_dir: str | None, required: bool = True):
+def _local_file(data_dir: Path, task: str, split: str, required: bool = True) -> DataFile | None:
     candidates = [data_dir / task / f"{split}{ext}" for ext in DATA_EXTENSIONS]
     found = [path for path in candidates if path.is_file()]
     if not found:
         if not required:
             return None
         raise ValueError(f"no {split} file for {task}: looked for {', '.join(str(p) for p in candidates)}")
-    return load_data_file(found[0], cache_dir)
+    return DataFile(found[0], split)
 
 
 def load_glue_task(
@@ -335,10 +332,13 @@ def load_glue_task(
     """
     spec = AX_TASK if task == "ax" else get_task(task)
     splits = splits or ("train", *spec.validation_splits)
+    sources: dict[str, DataFile | str] = {}
     if files:
-        data = {split: load_data_file(path, cache_dir) for split, path in files.items() if split in splits}
+        sources = {split: DataFile(path, split) for split, path in files.items() if split in splits}
     elif data_dir is not None:
-        data = {split: _local_split(Path(data_dir), task, split, cache_dir) for split in splits}
+        sources = {split: _local_file(Path(data_dir), task, split) for split in splits}
+    if sources:
+        data = {split: read_data_file(source, cache_dir, DATA_EXTENSIONS) for split, source in sources.items()}
     else:
         from datasets import load_dataset
 
@@ -349,17 +349,50 @@ def load_glue_task(
         if missing:
             raise ValueError(f"{name} ({task}) has no split {missing}; it has {list(raw)}")
         data = {split: raw[split] for split in splits}
+        sources = {split: f"{name} ({task}) {split} split" for split in splits}
     for split, dataset in data.items():
-        needed = [key for key in spec.sentence_keys if key is not None]
-        if not split.startswith("test"):
-            needed.append("label")
+        source = sources[split]
+        text = [key for key in spec.sentence_keys if key is not None]
+        needed = text if split.startswith("test") else [*text, "label"]
         missing = [key for key in needed if key not in dataset.column_names]
         if missing:
             raise ValueError(
-                f"{task} {split} data lacks the columns {missing} (it has {dataset.column_names}); "
+                f"{source}: {task} {split} data lacks the columns {missing} (it has {dataset.column_names}); "
                 f"GLUE's {task} needs {needed}"
             )
+        data[split] = fill_empty_text(dataset, source, text)
+        if not split.startswith("test"):
+            check_labels_present(dataset, source, "label")
+            for index, label in enumerate(dataset["label"]):
+                try:
+                    _label_value(spec, label)
+                except ValueError as error:
+                    raise ValueError(f"{locate(source, index, len(dataset))}: {error}") from None
     return data
+
+
+def _label_value(spec: GlueTask, label) -> int | float:
+    """A label cell as the model's target: a class id (from a label name or an id) or, for STS-B, a float."""
+    if spec.is_regression:
+        try:
+            return float(label)
+        except (TypeError, ValueError):
+            raise ValueError(f"{spec.name} label {label!r} is not a number") from None
+    if isinstance(label, str):
+        if label in spec.label_names:
+            return spec.label_names.index(label)
+        try:
+            label = int(label)
+        except ValueError:
+            raise ValueError(
+                f"{spec.name} label {label!r} is neither one of {list(spec.label_names)} nor a class id "
+                f"0..{spec.num_labels - 1}"
+            ) from None
+    if isinstance(label, float) and label.is_integer():
+        label = int(label)
+    if not isinstance(label, (int, np.integer)) or not 0 <= label < spec.num_labels:
+        raise ValueError(f"{spec.name} label {label!r} is outside 0..{spec.num_labels - 1}")
+    return int(label)
 
 
 def encode_labels(task: str, dataset, label_column: str = "label"):
@@ -367,19 +400,13 @@ def encode_labels(task: str, dataset, label_column: str = "label"):
     from datasets import ClassLabel, Value
 
     spec = get_task(task)
-    ids = {name: index for index, name in enumerate(spec.label_names)}
-
-    def to_id(label):
-        if isinstance(label, str):
-            label = ids[label] if label in ids else int(label)
-        if not 0 <= int(label) < spec.num_labels:
-            raise ValueError(f"{task} label {label!r} is outside 0..{spec.num_labels - 1}")
-        return int(label)
-
-    if spec.is_regression:
-        labels, feature = [float(label) for label in dataset[label_column]], Value("float32")
-    else:
-        labels, feature = [to_id(label) for label in dataset[label_column]], ClassLabel(names=list(spec.label_names))
+    labels = []
+    for index, label in enumerate(dataset[label_column]):
+        try:
+            labels.append(_label_value(spec, label))
+        except ValueError as error:
+            raise ValueError(f"{task} data, row {index + 1}: {error}") from None
+    feature = Value("float32") if spec.is_regression else ClassLabel(names=list(spec.label_names))
     return dataset.remove_columns(label_column).add_column("label", labels, feature=feature)
 
 
@@ -399,14 +426,11 @@ class TaskData:
         return not self.label_names
 
 
-def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset) -> tuple[str, str | None]:
+def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset, source) -> tuple[str, str | None]:
     if data_args.text_column_names:
         names = [c.strip() for c in data_args.text_column_names.split(",") if c.strip()]
-        missing = [c for c in names if c not in columns]
-        if missing or not 1 <= len(names) <= 2:
-            raise ValueError(
-                f"--text_column_names {data_args.text_column_names!r} must name one or two of the columns {columns}"
-            )
+        if not 1 <= len(names) <= 2:
+            raise ValueError(f"--text_column_names {data_args.text_column_names!r} must name one or two columns")
         return names[0], (names[1] if len(names) > 1 else None)
     if "sentence1" in columns and "sentence2" in columns:
         return "sentence1", "sentence2"
@@ -420,7 +444,7 @@ def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset)
         and getattr(dataset.features[c], "dtype", None) in ("string", "large_string")
     ]
     if not text:
-        raise ValueError(f"no text column among {columns}; name it with --text_column_names")
+        raise ValueError(f"{source} has no text column among {columns}; name it with --text_column_names")
     return text[0], (text[1] if len(text) > 1 else None)
 
 
@@ -436,23 +460,30 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         raw = dict(
             load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir, token=token)
         )
+        sources = {split: f"{data_args.dataset_name} {split} split" for split in raw}
     else:
         files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-        raw = {split: load_data_file(path, cache_dir) for split, path in files.items() if path}
+        sources = {split: DataFile(path, split) for split, path in files.items() if path}
+        raw = {split: read_data_file(source, cache_dir, DATA_EXTENSIONS) for split, source in sources.items()}
     label = data_args.label_column_name
     if "train" not in raw and "do_train" in stages:
         raise ValueError("--do_train needs training data: pass --train_file")
-    reference = next((raw[split] for split in ("train", "validation", "test") if split in raw), None)
+    reference = next((split for split in ("train", "validation", "test") if split in raw), None)
     if reference is None:
         raise ValueError("no data: pass --train_file, --validation_file or --test_file")
     labelled = [split for split in ("train", "validation") if split in raw]
     for split in labelled:
         if label not in raw[split].column_names:
             raise ValueError(
-                f"the {split} data has no label column {label!r} (columns {raw[split].column_names}); "
+                f"{sources[split]} has no label column {label!r} (columns {raw[split].column_names}); "
                 "name it with --label_column_name"
             )
-    sentence_keys = _own_text_columns(data_args, reference.column_names, reference)
+        check_labels_present(raw[split], sources[split], label)
+    sentence_keys = _own_text_columns(data_args, raw[reference].column_names, raw[reference], sources[reference])
+    for split, dataset in raw.items():
+        text = [key for key in sentence_keys if key is not None]
+        require_columns(dataset, sources[split], text)
+        raw[split] = fill_empty_text(dataset, sources[split], text)
     source = raw[labelled[0]] if labelled else None
     feature = source.features[label] if source is not None else None
     if isinstance(feature, ClassLabel):
@@ -476,9 +507,12 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         else:
             names = dataset.features[label].names if isinstance(dataset.features[label], ClassLabel) else None
             values = [str(names[v] if names else v) for v in dataset[label]]
-            unknown = sorted(set(values) - set(ids))
-            if unknown:
-                raise ValueError(f"the {split} data has labels {unknown[:5]} that the training data does not have")
+            unknown = next((index for index, value in enumerate(values) if value not in ids), None)
+            if unknown is not None:
+                raise ValueError(
+                    f"{locate(sources[split], unknown, len(dataset))}: label {values[unknown]!r} is not among the "
+                    f"{'training' if labelled[0] == 'train' else 'validation'} labels {label_names}"
+                )
             values, new_feature = [ids[v] for v in values], ClassLabel(names=label_names)
         splits[split] = dataset.remove_columns(label).add_column("label", values, feature=new_feature)
     return TaskData(
@@ -537,10 +571,11 @@ def load_task_data(task: str, data_args: GlueDataArguments, stages: set[str], ca
 def _load_ax(data_args: GlueDataArguments, cache_dir, token):
     """GLUE's diagnostic set (AX), which the MNLI model predicts for the leaderboard; None where it is absent."""
     if data_args.data_dir is not None:
-        split = _local_split(Path(data_args.data_dir), "ax", "test", cache_dir, required=False)
-        if split is None:
+        source = _local_file(Path(data_args.data_dir), "ax", "test", required=False)
+        if source is None:
             logger.info("no %s/ax/test file: AX.tsv is not written", data_args.data_dir)
-        return split
+            return None
+        return load_glue_task("ax", splits=("test",), files={"test": str(source.path)}, cache_dir=cache_dir)["test"]
     return load_glue_task("ax", splits=("test",), dataset_name=data_args.dataset_name, cache_dir=cache_dir,
                           token=token)["test"]  # fmt: skip
 

@@ -35,6 +35,7 @@ from transformers import (  # noqa: E402
     set_seed,
 )
 
+from .data_files import DATA_BUILDERS, DataFile, check_text_columns, read_data_file  # noqa: E402
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
 from .recipes import Recipe, list_recipes  # noqa: E402
@@ -67,14 +68,7 @@ LOCAL_DATA_HINT = (
     "and --tokenizer_name pointing to a tokenizer folder (for example one saved by "
     "orchid_hf.tokenization.train_wordpiece_tokenizer(...).save_pretrained(folder))."
 )
-FILE_BUILDERS = {
-    ".txt": "text",
-    ".text": "text",
-    ".json": "json",
-    ".jsonl": "json",
-    ".parquet": "parquet",
-    ".csv": "csv",
-}
+FILE_BUILDERS = {suffix: builder for suffix, builder in DATA_BUILDERS.items() if suffix != ".tsv"}
 # A streamed validation set is cut to this many blocks unless --max_eval_samples says otherwise.
 STREAMED_EVAL_BLOCKS = 2048
 
@@ -176,15 +170,11 @@ def load_raw_datasets(args: MlmDataArguments, seed: int, cache_dir: str | None =
 
     if args.train_file:
         builder = file_builder(args.train_file)
-        files = {"train": list(args.train_file)}
+        if args.validation_file and file_builder(args.validation_file) != builder:
+            raise ValueError("validation_file must have the same type as train_file")
+        train = _read_documents(args.train_file, "train", args.text_column_name, cache_dir)
         if args.validation_file:
-            if file_builder(args.validation_file) != builder:
-                raise ValueError("validation_file must have the same type as train_file")
-            files["validation"] = list(args.validation_file)
-        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir)
-        train = raw["train"]
-        if "validation" in raw:
-            validation = raw["validation"]
+            validation = _read_documents(args.validation_file, "validation", args.text_column_name, cache_dir)
         elif args.validation_split_percentage > 0:
             split = train.train_test_split(test_size=args.validation_split_percentage / 100, seed=seed)
             train, validation = split["train"], split["test"]
@@ -201,12 +191,28 @@ def load_raw_datasets(args: MlmDataArguments, seed: int, cache_dir: str | None =
     return train, validation
 
 
-def text_column(dataset, name: str | None) -> str:
+def _read_documents(files: list[str], role: str, column_name: str | None, cache_dir: str | None):
+    """The documents of local files, one after the other; each file is checked for text on its own, so that an
+    error names it."""
+    from datasets import concatenate_datasets
+
+    datasets = []
+    for name in files:
+        source = DataFile(name, role)
+        dataset = read_data_file(source, cache_dir, suffixes=FILE_BUILDERS)
+        check_text_columns(dataset, source, [text_column(dataset, column_name, source)])
+        datasets.append(dataset)
+    return datasets[0] if len(datasets) == 1 else concatenate_datasets(datasets)
+
+
+def text_column(dataset, name: str | None, source: DataFile | str = "the data") -> str:
     """``name``, or ``text``, or the first column (run_mlm's rule)."""
     columns = list(dataset.features) if dataset.features is not None else ["text"]
     if name is not None:
         if name not in columns:
-            raise ValueError(f"the data has columns {columns}, none of them is --text_column_name {name!r}")
+            raise ValueError(
+                f"{source} has no column {name!r} (columns {columns}); name the text column with --text_column_name"
+            )
         return name
     return "text" if "text" in columns else columns[0]
 
