@@ -21,16 +21,15 @@ from .extras import require_extra
 require_extra("datasets", "train")
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorWithPadding,
     TrainingArguments,
     default_data_collator,
-    set_seed,
 )
 
+from .arguments import ModelArguments, RecipeArguments, parse_recipe_arguments  # noqa: E402
 from .data_files import (  # noqa: E402
     DataFile,
     check_labels_present,
@@ -41,26 +40,20 @@ from .data_files import (  # noqa: E402
 )
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
+from .model_loading import build_model, check_head_size  # noqa: E402
+from .optimization import describe_schedule, plan_for_model  # noqa: E402
 from .recipes import list_recipes  # noqa: E402
-from .training import (  # noqa: E402
-    ModelArguments,
-    RecipeArguments,
-    RecipeTrainer,
-    build_model,
+from .runs import (  # noqa: E402
+    STAGES,
     card_base_model,
-    check_head_size,
     check_push,
-    describe_schedule,
     finish_run,
-    parse_recipe_arguments,
-    plan_for_model,
-    resolve_checkpoint,
-    resolve_optimizer,
-    resolve_stages,
-    save_metrics,
     setup_logging,
+    start_run,
+    train_and_save,
     write_json,
 )
+from .trainer import RecipeTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -690,19 +683,16 @@ def _set_pooling(pooling: str | None, explicit: frozenset[str]):
 
 def run_task(parsed, task: str | None, root: Path) -> dict:
     """Fine-tune, evaluate and predict one task (or own data) as run_glue does; returns its results."""
-    model_args, data_args, recipe_args, training_args = parsed
+    model_args, data_args, _, _ = parsed
     explicit, recipe = parsed.explicit, parsed.recipe
+    training_args, plan = start_run(parsed)
     output_dir = root / task if task else root
     training_args.output_dir = str(output_dir)
     if task and training_args.hub_model_id:
         training_args.hub_model_id = f"{training_args.hub_model_id}-{task}"
-    resolve_stages(training_args, explicit, default=("do_train", "do_eval"))
-    stages = {stage for stage in ("do_train", "do_eval", "do_predict") if getattr(training_args, stage)}
+    stages = {stage for stage in STAGES if getattr(training_args, stage)}
     if not stages:
         raise ValueError("nothing to do: --do_train, --do_eval and --do_predict are all off")
-    plan = resolve_optimizer(training_args, recipe_args, explicit)
-    if recipe_args.threads:
-        torch.set_num_threads(recipe_args.threads)
 
     start, ignore_sizes = model_args.model_name_or_path, None
     if task in FROM_MNLI_TASKS and data_args.from_mnli and "do_train" in stages:
@@ -729,7 +719,6 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
     if "do_predict" in stages and not data.test_splits:
         raise ValueError("--do_predict needs test data: pass --test_file")
 
-    set_seed(training_args.seed)
     num_labels = len(data.label_names) or 1
     labels = {}
     if data.label_names:
@@ -786,12 +775,7 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
         card_writer=card,
     )
     if "do_train" in stages:
-        checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-        train_metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
-        train_metrics["train_samples"] = len(tokenized["train"])
-        trainer.save_model()
-        save_metrics(trainer, "train", train_metrics)
-        trainer.save_state()
+        _, train_metrics = train_and_save(trainer, len(tokenized["train"]))
         result.update(train_runtime=train_metrics.get("train_runtime"), epochs_done=train_metrics.get("epoch"))
     if "do_eval" in stages:
         result["metrics"] = {}
@@ -810,10 +794,7 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
             result["score"] = task_score(task, result["metrics"])
     if "do_predict" in stages:
         result["predictions"] = write_predictions(trainer, data, tokenized, output_dir, root / "submission")
-    if trainer.is_world_process_zero():
-        write_json(output_dir / "results.json", result)
-    if "do_train" in stages:
-        finish_run(trainer, f"Fine-tuned on {f'GLUE {task.upper()}' if task else 'own data'}")
+    finish_run(trainer, result, f"Fine-tuned on {f'GLUE {task.upper()}' if task else 'own data'}")
     return result
 
 
