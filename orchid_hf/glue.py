@@ -40,7 +40,7 @@ from .data_files import (  # noqa: E402
 )
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
-from .model_loading import build_model, check_head_size  # noqa: E402
+from .model_loading import build_model, check_head_size, checkpoint_label_names  # noqa: E402
 from .optimization import describe_schedule, plan_for_model  # noqa: E402
 from .recipes import list_recipes  # noqa: E402
 from .runs import (  # noqa: E402
@@ -265,7 +265,8 @@ DATACLASSES = (TextModelArguments, GlueDataArguments, RecipeArguments, TrainingA
 
 
 def _default_recipe(given: dict) -> str:
-    own_data = not given.get("task_name") and (given.get("train_file") or given.get("validation_file"))
+    own_files = any(given.get(f"{split}_file") for split in ("train", "validation", "test"))
+    own_data = not given.get("task_name") and own_files
     return "orchid-bert-classification" if own_data else "orchid-bert-base-glue"
 
 
@@ -441,9 +442,16 @@ def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset,
     return text[0], (text[1] if len(text) > 1 else None)
 
 
-def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str | None, token: str | None) -> TaskData:
+def load_own_data(
+    data_args: GlueDataArguments,
+    stages: set[str],
+    cache_dir: str | None,
+    token: str | None,
+    model_labels: list[str] | None = None,
+) -> TaskData:
     """Own classification data (run_glue's rules): a float label column means regression; otherwise the sorted
-    distinct training labels are the classes."""
+    distinct training labels are the classes. ``model_labels``: the classes of a trained classifier that is
+    evaluated or predicts without training; every label of the data must be one of them."""
     from datasets import ClassLabel, Value
 
     if data_args.dataset_name:
@@ -479,7 +487,9 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         raw[split] = fill_empty_text(dataset, sources[split], text)
     source = raw[labelled[0]] if labelled else None
     feature = source.features[label] if source is not None else None
-    if isinstance(feature, ClassLabel):
+    if model_labels:
+        label_names, origin = list(model_labels), "the model's"
+    elif isinstance(feature, ClassLabel):
         label_names = list(feature.names)
     elif feature is not None and feature.dtype.startswith("float"):
         label_names = []
@@ -489,6 +499,8 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         label_names = [str(v) for v in sorted(distinct, key=int if numeric else str)]
     else:
         raise ValueError("--do_predict alone needs the labels of a model trained before: pass --validation_file too")
+    if not model_labels:
+        origin = "the training" if labelled and labelled[0] == "train" else "the validation"
     ids = {name: index for index, name in enumerate(label_names)}
     splits = {}
     for split, dataset in raw.items():
@@ -503,8 +515,8 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
             unknown = next((index for index, value in enumerate(values) if value not in ids), None)
             if unknown is not None:
                 raise ValueError(
-                    f"{locate(sources[split], unknown, len(dataset))}: label {values[unknown]!r} is not among the "
-                    f"{'training' if labelled[0] == 'train' else 'validation'} labels {label_names}"
+                    f"{locate(sources[split], unknown, len(dataset))}: label {values[unknown]!r} is not among "
+                    f"{origin} labels {label_names}"
                 )
             values, new_feature = [ids[v] for v in values], ClassLabel(names=label_names)
         splits[split] = dataset.remove_columns(label).add_column("label", values, feature=new_feature)
@@ -709,11 +721,12 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
         cache_dir=model_args.cache_dir, token=model_args.token, trust_remote_code=model_args.trust_remote_code,
     )  # fmt: skip
 
-    data = (
-        load_task_data(task, data_args, stages, model_args.cache_dir, model_args.token)
-        if task
-        else load_own_data(data_args, stages, model_args.cache_dir, model_args.token)
-    )
+    if task:
+        data = load_task_data(task, data_args, stages, model_args.cache_dir, model_args.token)
+    else:
+        # A trained classifier that only evaluates or predicts keeps its classes (run_glue's rule).
+        model_labels = checkpoint_label_names(start) if start and "do_train" not in stages else None
+        data = load_own_data(data_args, stages, model_args.cache_dir, model_args.token, model_labels)
     if "do_eval" in stages and not data.validation_splits:
         raise ValueError("--do_eval needs validation data: pass --validation_file")
     if "do_predict" in stages and not data.test_splits:

@@ -113,15 +113,34 @@ def build_model(
     return auto_class.from_config(config, trust_remote_code=model_args.trust_remote_code)
 
 
-def checkpoint_num_labels(path: str) -> int | None:
-    """The number of labels of a saved classifier's head, or None where the folder holds no classification head."""
+def _classifier_config(path: str) -> dict | None:
+    """The saved config of a folder holding a classification head, else None."""
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         return None
     config = json.loads(config_file.read_text())
     if not any("Classification" in name for name in config.get("architectures") or []):
         return None
+    return config
+
+
+def checkpoint_num_labels(path: str) -> int | None:
+    """The number of labels of a saved classifier's head, or None where the folder holds no classification head."""
+    config = _classifier_config(path)
+    if config is None:
+        return None
     return len(config["id2label"]) if config.get("id2label") else config.get("num_labels")
+
+
+def checkpoint_label_names(path: str) -> list[str] | None:
+    """The label names of a saved classifier, in class-id order; None where the folder holds no classification
+    head or its labels have transformers' placeholder names (LABEL_0, LABEL_1, ...)."""
+    config = _classifier_config(path)
+    id2label = (config or {}).get("id2label") or {}
+    names = [str(id2label[key]) for key in sorted(id2label, key=int)]
+    if not names or names == [f"LABEL_{index}" for index in range(len(names))]:
+        return None
+    return names
 
 
 def check_head_size(model_args: ModelArguments, num_labels: int, label_names: Sequence[str] = ()) -> None:
@@ -140,6 +159,7 @@ def check_head_size(model_args: ModelArguments, num_labels: int, label_names: Se
 __all__ = [
     "build_model",
     "check_head_size",
+    "checkpoint_label_names",
     "checkpoint_num_labels",
     "load_config",
     "new_config",

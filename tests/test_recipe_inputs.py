@@ -300,3 +300,51 @@ def test_run_cli_prints_one_line(tmp_path, tokenizer_dir):
     )
     assert "Traceback" not in result.stderr
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluating or predicting with a trained classifier: its labels are the label list
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from orchid_hf import OrchidConfig, OrchidForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("classifier")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = OrchidConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+        max_position_embeddings=32, filter_width=16, num_labels=2, id2label={0: "neg", 1: "pos"},
+        label2id={"neg": 0, "pos": 1},
+    )  # fmt: skip
+    OrchidForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _evaluate(tmp_path, classifier_dir, *flags):
+    return glue.main([
+        "--model_name_or_path", str(classifier_dir), *flags, "--max_seq_length", "32", "--output_dir",
+        str(tmp_path / "out"), "--use_cpu", "--cache_dir", str(tmp_path / "cache"), "--disable_tqdm", "True",
+    ])  # fmt: skip
+
+
+def test_evaluation_uses_the_model_labels(tmp_path, classifier_dir):
+    # A validation set with one of the model's two classes is scored against the model's label ids.
+    dev = _write(tmp_path / "dev.csv", "sentence,label\nthe cat,pos\na dog,pos\n")
+    result = _evaluate(tmp_path, classifier_dir, "--validation_file", str(dev), "--do_eval")["tasks"]["own"]
+    assert 0.0 <= result["metrics"]["validation"]["accuracy"] <= 1.0
+    dev = _write(tmp_path / "dev.csv", "sentence,label\nthe cat,pos\na dog,neutral\n")
+    with pytest.raises(ValueError, match=rf"validation file {dev}, line 3: label 'neutral' is not among the model's "
+                       r"labels \['neg', 'pos'\]"):  # fmt: skip
+        _evaluate(tmp_path, classifier_dir, "--validation_file", str(dev), "--do_eval")
+
+
+def test_prediction_alone_takes_the_model_labels(tmp_path, classifier_dir):
+    test = _write(tmp_path / "test.csv", "sentence\nthe cat\na dog\n")
+    _evaluate(tmp_path, classifier_dir, "--test_file", str(test), "--do_predict")
+    lines = (tmp_path / "out/predict_results_own.txt").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and {line.split("\t")[1] for line in lines[1:]} <= {"neg", "pos"}
