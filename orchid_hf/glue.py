@@ -21,38 +21,39 @@ from .extras import require_extra
 require_extra("datasets", "train")
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorWithPadding,
     TrainingArguments,
     default_data_collator,
-    set_seed,
 )
 
+from .arguments import ModelArguments, RecipeArguments, parse_recipe_arguments  # noqa: E402
+from .data_files import (  # noqa: E402
+    DataFile,
+    check_labels_present,
+    fill_empty_text,
+    locate,
+    read_data_file,
+    require_columns,
+)
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
+from .model_loading import build_model, check_head_size, checkpoint_label_names  # noqa: E402
+from .optimization import describe_schedule, plan_for_model  # noqa: E402
 from .recipes import list_recipes  # noqa: E402
-from .training import (  # noqa: E402
-    ModelArguments,
-    RecipeArguments,
-    RecipeTrainer,
-    build_model,
+from .runs import (  # noqa: E402
+    STAGES,
     card_base_model,
-    check_head_size,
     check_push,
-    describe_schedule,
     finish_run,
-    parse_recipe_arguments,
-    plan_for_model,
-    resolve_checkpoint,
-    resolve_optimizer,
-    resolve_stages,
-    save_metrics,
     setup_logging,
+    start_run,
+    train_and_save,
     write_json,
 )
+from .trainer import RecipeTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +265,8 @@ DATACLASSES = (TextModelArguments, GlueDataArguments, RecipeArguments, TrainingA
 
 
 def _default_recipe(given: dict) -> str:
-    own_data = not given.get("task_name") and (given.get("train_file") or given.get("validation_file"))
+    own_files = any(given.get(f"{split}_file") for split in ("train", "validation", "test"))
+    own_data = not given.get("task_name") and own_files
     return "orchid-bert-classification" if own_data else "orchid-bert-base-glue"
 
 
@@ -292,31 +294,20 @@ LOCAL_GLUE_HINT = (
 )
 
 
-def load_data_file(path: str | Path, cache_dir: str | None = None):
-    """One split from a .tsv/.csv/.json(l)/.parquet file. TSV is read without quote handling: GLUE's own files
-    contain unbalanced quotes that are part of the text."""
-    from datasets import load_dataset
-
-    path = Path(path)
-    if path.suffix not in DATA_EXTENSIONS:
-        raise ValueError(f"data file {path} must end in one of {', '.join(DATA_EXTENSIONS)}")
-    if not path.is_file():
-        raise ValueError(f"data file {path} does not exist")
-    if path.suffix in (".tsv", ".csv"):
-        extra = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}
-        return load_dataset("csv", data_files=str(path), split="train", cache_dir=cache_dir, **extra)
-    builder = "json" if path.suffix in (".json", ".jsonl") else "parquet"
-    return load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
+def load_data_file(path: str | Path, cache_dir: str | None = None, role: str = "data"):
+    """One split from a .tsv/.csv/.json(l)/.parquet file (:func:`orchid_hf.data_files.read_data_file`). TSV is read
+    without quote handling: GLUE's own files contain unbalanced quotes that are part of the text."""
+    return read_data_file(DataFile(path, role), cache_dir, suffixes=DATA_EXTENSIONS)
 
 
-def _local_split(data_dir: Path, task: str, split: str, cache_dir: str | None, required: bool = True):
+def _local_file(data_dir: Path, task: str, split: str, required: bool = True) -> DataFile | None:
     candidates = [data_dir / task / f"{split}{ext}" for ext in DATA_EXTENSIONS]
     found = [path for path in candidates if path.is_file()]
     if not found:
         if not required:
             return None
         raise ValueError(f"no {split} file for {task}: looked for {', '.join(str(p) for p in candidates)}")
-    return load_data_file(found[0], cache_dir)
+    return DataFile(found[0], split)
 
 
 def load_glue_task(
@@ -335,10 +326,13 @@ def load_glue_task(
     """
     spec = AX_TASK if task == "ax" else get_task(task)
     splits = splits or ("train", *spec.validation_splits)
+    sources: dict[str, DataFile | str] = {}
     if files:
-        data = {split: load_data_file(path, cache_dir) for split, path in files.items() if split in splits}
+        sources = {split: DataFile(path, split) for split, path in files.items() if split in splits}
     elif data_dir is not None:
-        data = {split: _local_split(Path(data_dir), task, split, cache_dir) for split in splits}
+        sources = {split: _local_file(Path(data_dir), task, split) for split in splits}
+    if sources:
+        data = {split: read_data_file(source, cache_dir, DATA_EXTENSIONS) for split, source in sources.items()}
     else:
         from datasets import load_dataset
 
@@ -349,17 +343,50 @@ def load_glue_task(
         if missing:
             raise ValueError(f"{name} ({task}) has no split {missing}; it has {list(raw)}")
         data = {split: raw[split] for split in splits}
+        sources = {split: f"{name} ({task}) {split} split" for split in splits}
     for split, dataset in data.items():
-        needed = [key for key in spec.sentence_keys if key is not None]
-        if not split.startswith("test"):
-            needed.append("label")
+        source = sources[split]
+        text = [key for key in spec.sentence_keys if key is not None]
+        needed = text if split.startswith("test") else [*text, "label"]
         missing = [key for key in needed if key not in dataset.column_names]
         if missing:
             raise ValueError(
-                f"{task} {split} data lacks the columns {missing} (it has {dataset.column_names}); "
+                f"{source}: {task} {split} data lacks the columns {missing} (it has {dataset.column_names}); "
                 f"GLUE's {task} needs {needed}"
             )
+        data[split] = fill_empty_text(dataset, source, text)
+        if not split.startswith("test"):
+            check_labels_present(dataset, source, "label")
+            for index, label in enumerate(dataset["label"]):
+                try:
+                    _label_value(spec, label)
+                except ValueError as error:
+                    raise ValueError(f"{locate(source, index, len(dataset))}: {error}") from None
     return data
+
+
+def _label_value(spec: GlueTask, label) -> int | float:
+    """A label cell as the model's target: a class id (from a label name or an id) or, for STS-B, a float."""
+    if spec.is_regression:
+        try:
+            return float(label)
+        except (TypeError, ValueError):
+            raise ValueError(f"{spec.name} label {label!r} is not a number") from None
+    if isinstance(label, str):
+        if label in spec.label_names:
+            return spec.label_names.index(label)
+        try:
+            label = int(label)
+        except ValueError:
+            raise ValueError(
+                f"{spec.name} label {label!r} is neither one of {list(spec.label_names)} nor a class id "
+                f"0..{spec.num_labels - 1}"
+            ) from None
+    if isinstance(label, float) and label.is_integer():
+        label = int(label)
+    if not isinstance(label, (int, np.integer)) or not 0 <= label < spec.num_labels:
+        raise ValueError(f"{spec.name} label {label!r} is outside 0..{spec.num_labels - 1}")
+    return int(label)
 
 
 def encode_labels(task: str, dataset, label_column: str = "label"):
@@ -367,19 +394,13 @@ def encode_labels(task: str, dataset, label_column: str = "label"):
     from datasets import ClassLabel, Value
 
     spec = get_task(task)
-    ids = {name: index for index, name in enumerate(spec.label_names)}
-
-    def to_id(label):
-        if isinstance(label, str):
-            label = ids[label] if label in ids else int(label)
-        if not 0 <= int(label) < spec.num_labels:
-            raise ValueError(f"{task} label {label!r} is outside 0..{spec.num_labels - 1}")
-        return int(label)
-
-    if spec.is_regression:
-        labels, feature = [float(label) for label in dataset[label_column]], Value("float32")
-    else:
-        labels, feature = [to_id(label) for label in dataset[label_column]], ClassLabel(names=list(spec.label_names))
+    labels = []
+    for index, label in enumerate(dataset[label_column]):
+        try:
+            labels.append(_label_value(spec, label))
+        except ValueError as error:
+            raise ValueError(f"{task} data, row {index + 1}: {error}") from None
+    feature = Value("float32") if spec.is_regression else ClassLabel(names=list(spec.label_names))
     return dataset.remove_columns(label_column).add_column("label", labels, feature=feature)
 
 
@@ -399,14 +420,11 @@ class TaskData:
         return not self.label_names
 
 
-def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset) -> tuple[str, str | None]:
+def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset, source) -> tuple[str, str | None]:
     if data_args.text_column_names:
         names = [c.strip() for c in data_args.text_column_names.split(",") if c.strip()]
-        missing = [c for c in names if c not in columns]
-        if missing or not 1 <= len(names) <= 2:
-            raise ValueError(
-                f"--text_column_names {data_args.text_column_names!r} must name one or two of the columns {columns}"
-            )
+        if not 1 <= len(names) <= 2:
+            raise ValueError(f"--text_column_names {data_args.text_column_names!r} must name one or two columns")
         return names[0], (names[1] if len(names) > 1 else None)
     if "sentence1" in columns and "sentence2" in columns:
         return "sentence1", "sentence2"
@@ -420,13 +438,20 @@ def _own_text_columns(data_args: GlueDataArguments, columns: list[str], dataset)
         and getattr(dataset.features[c], "dtype", None) in ("string", "large_string")
     ]
     if not text:
-        raise ValueError(f"no text column among {columns}; name it with --text_column_names")
+        raise ValueError(f"{source} has no text column among {columns}; name it with --text_column_names")
     return text[0], (text[1] if len(text) > 1 else None)
 
 
-def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str | None, token: str | None) -> TaskData:
+def load_own_data(
+    data_args: GlueDataArguments,
+    stages: set[str],
+    cache_dir: str | None,
+    token: str | None,
+    model_labels: list[str] | None = None,
+) -> TaskData:
     """Own classification data (run_glue's rules): a float label column means regression; otherwise the sorted
-    distinct training labels are the classes."""
+    distinct training labels are the classes. ``model_labels``: the classes of a trained classifier that is
+    evaluated or predicts without training; every label of the data must be one of them."""
     from datasets import ClassLabel, Value
 
     if data_args.dataset_name:
@@ -436,26 +461,35 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         raw = dict(
             load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir, token=token)
         )
+        sources = {split: f"{data_args.dataset_name} {split} split" for split in raw}
     else:
         files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-        raw = {split: load_data_file(path, cache_dir) for split, path in files.items() if path}
+        sources = {split: DataFile(path, split) for split, path in files.items() if path}
+        raw = {split: read_data_file(source, cache_dir, DATA_EXTENSIONS) for split, source in sources.items()}
     label = data_args.label_column_name
     if "train" not in raw and "do_train" in stages:
         raise ValueError("--do_train needs training data: pass --train_file")
-    reference = next((raw[split] for split in ("train", "validation", "test") if split in raw), None)
+    reference = next((split for split in ("train", "validation", "test") if split in raw), None)
     if reference is None:
         raise ValueError("no data: pass --train_file, --validation_file or --test_file")
     labelled = [split for split in ("train", "validation") if split in raw]
     for split in labelled:
         if label not in raw[split].column_names:
             raise ValueError(
-                f"the {split} data has no label column {label!r} (columns {raw[split].column_names}); "
+                f"{sources[split]} has no label column {label!r} (columns {raw[split].column_names}); "
                 "name it with --label_column_name"
             )
-    sentence_keys = _own_text_columns(data_args, reference.column_names, reference)
+        check_labels_present(raw[split], sources[split], label)
+    sentence_keys = _own_text_columns(data_args, raw[reference].column_names, raw[reference], sources[reference])
+    for split, dataset in raw.items():
+        text = [key for key in sentence_keys if key is not None]
+        require_columns(dataset, sources[split], text)
+        raw[split] = fill_empty_text(dataset, sources[split], text)
     source = raw[labelled[0]] if labelled else None
     feature = source.features[label] if source is not None else None
-    if isinstance(feature, ClassLabel):
+    if model_labels:
+        label_names, origin = list(model_labels), "the model's"
+    elif isinstance(feature, ClassLabel):
         label_names = list(feature.names)
     elif feature is not None and feature.dtype.startswith("float"):
         label_names = []
@@ -465,6 +499,8 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         label_names = [str(v) for v in sorted(distinct, key=int if numeric else str)]
     else:
         raise ValueError("--do_predict alone needs the labels of a model trained before: pass --validation_file too")
+    if not model_labels:
+        origin = "the training" if labelled and labelled[0] == "train" else "the validation"
     ids = {name: index for index, name in enumerate(label_names)}
     splits = {}
     for split, dataset in raw.items():
@@ -476,9 +512,12 @@ def load_own_data(data_args: GlueDataArguments, stages: set[str], cache_dir: str
         else:
             names = dataset.features[label].names if isinstance(dataset.features[label], ClassLabel) else None
             values = [str(names[v] if names else v) for v in dataset[label]]
-            unknown = sorted(set(values) - set(ids))
-            if unknown:
-                raise ValueError(f"the {split} data has labels {unknown[:5]} that the training data does not have")
+            unknown = next((index for index, value in enumerate(values) if value not in ids), None)
+            if unknown is not None:
+                raise ValueError(
+                    f"{locate(sources[split], unknown, len(dataset))}: label {values[unknown]!r} is not among "
+                    f"{origin} labels {label_names}"
+                )
             values, new_feature = [ids[v] for v in values], ClassLabel(names=label_names)
         splits[split] = dataset.remove_columns(label).add_column("label", values, feature=new_feature)
     return TaskData(
@@ -537,10 +576,11 @@ def load_task_data(task: str, data_args: GlueDataArguments, stages: set[str], ca
 def _load_ax(data_args: GlueDataArguments, cache_dir, token):
     """GLUE's diagnostic set (AX), which the MNLI model predicts for the leaderboard; None where it is absent."""
     if data_args.data_dir is not None:
-        split = _local_split(Path(data_args.data_dir), "ax", "test", cache_dir, required=False)
-        if split is None:
+        source = _local_file(Path(data_args.data_dir), "ax", "test", required=False)
+        if source is None:
             logger.info("no %s/ax/test file: AX.tsv is not written", data_args.data_dir)
-        return split
+            return None
+        return load_glue_task("ax", splits=("test",), files={"test": str(source.path)}, cache_dir=cache_dir)["test"]
     return load_glue_task("ax", splits=("test",), dataset_name=data_args.dataset_name, cache_dir=cache_dir,
                           token=token)["test"]  # fmt: skip
 
@@ -655,19 +695,16 @@ def _set_pooling(pooling: str | None, explicit: frozenset[str]):
 
 def run_task(parsed, task: str | None, root: Path) -> dict:
     """Fine-tune, evaluate and predict one task (or own data) as run_glue does; returns its results."""
-    model_args, data_args, recipe_args, training_args = parsed
+    model_args, data_args, _, _ = parsed
     explicit, recipe = parsed.explicit, parsed.recipe
+    training_args, plan = start_run(parsed)
     output_dir = root / task if task else root
     training_args.output_dir = str(output_dir)
     if task and training_args.hub_model_id:
         training_args.hub_model_id = f"{training_args.hub_model_id}-{task}"
-    resolve_stages(training_args, explicit, default=("do_train", "do_eval"))
-    stages = {stage for stage in ("do_train", "do_eval", "do_predict") if getattr(training_args, stage)}
+    stages = {stage for stage in STAGES if getattr(training_args, stage)}
     if not stages:
         raise ValueError("nothing to do: --do_train, --do_eval and --do_predict are all off")
-    plan = resolve_optimizer(training_args, recipe_args, explicit)
-    if recipe_args.threads:
-        torch.set_num_threads(recipe_args.threads)
 
     start, ignore_sizes = model_args.model_name_or_path, None
     if task in FROM_MNLI_TASKS and data_args.from_mnli and "do_train" in stages:
@@ -684,17 +721,17 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
         cache_dir=model_args.cache_dir, token=model_args.token, trust_remote_code=model_args.trust_remote_code,
     )  # fmt: skip
 
-    data = (
-        load_task_data(task, data_args, stages, model_args.cache_dir, model_args.token)
-        if task
-        else load_own_data(data_args, stages, model_args.cache_dir, model_args.token)
-    )
+    if task:
+        data = load_task_data(task, data_args, stages, model_args.cache_dir, model_args.token)
+    else:
+        # A trained classifier that only evaluates or predicts keeps its classes (run_glue's rule).
+        model_labels = checkpoint_label_names(start) if start and "do_train" not in stages else None
+        data = load_own_data(data_args, stages, model_args.cache_dir, model_args.token, model_labels)
     if "do_eval" in stages and not data.validation_splits:
         raise ValueError("--do_eval needs validation data: pass --validation_file")
     if "do_predict" in stages and not data.test_splits:
         raise ValueError("--do_predict needs test data: pass --test_file")
 
-    set_seed(training_args.seed)
     num_labels = len(data.label_names) or 1
     labels = {}
     if data.label_names:
@@ -751,12 +788,7 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
         card_writer=card,
     )
     if "do_train" in stages:
-        checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-        train_metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
-        train_metrics["train_samples"] = len(tokenized["train"])
-        trainer.save_model()
-        save_metrics(trainer, "train", train_metrics)
-        trainer.save_state()
+        _, train_metrics = train_and_save(trainer, len(tokenized["train"]))
         result.update(train_runtime=train_metrics.get("train_runtime"), epochs_done=train_metrics.get("epoch"))
     if "do_eval" in stages:
         result["metrics"] = {}
@@ -775,10 +807,7 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
             result["score"] = task_score(task, result["metrics"])
     if "do_predict" in stages:
         result["predictions"] = write_predictions(trainer, data, tokenized, output_dir, root / "submission")
-    if trainer.is_world_process_zero():
-        write_json(output_dir / "results.json", result)
-    if "do_train" in stages:
-        finish_run(trainer, f"Fine-tuned on {f'GLUE {task.upper()}' if task else 'own data'}")
+    finish_run(trainer, result, f"Fine-tuned on {f'GLUE {task.upper()}' if task else 'own data'}")
     return result
 
 

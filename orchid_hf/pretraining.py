@@ -12,7 +12,6 @@ same data and recipe (``--model_type bert``), which is how baselines are compare
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -32,32 +31,17 @@ from transformers import (  # noqa: E402
     DataCollatorForLanguageModeling,
     Trainer,
     TrainingArguments,
-    set_seed,
 )
 
+from .arguments import ModelArguments, ParsedArguments, RecipeArguments, parse_recipe_arguments  # noqa: E402
+from .data_files import DATA_BUILDERS, DataFile, check_text_columns, read_data_file  # noqa: E402
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
+from .model_loading import build_model  # noqa: E402
+from .optimization import OptimizerPlan, describe_schedule, plan_for_model  # noqa: E402
 from .recipes import Recipe, list_recipes  # noqa: E402
-from .training import (  # noqa: E402
-    ModelArguments,
-    OptimizerPlan,
-    ParsedArguments,
-    RecipeArguments,
-    RecipeTrainer,
-    build_model,
-    card_base_model,
-    check_push,
-    describe_schedule,
-    finish_run,
-    parse_recipe_arguments,
-    plan_for_model,
-    resolve_checkpoint,
-    resolve_optimizer,
-    resolve_stages,
-    save_metrics,
-    setup_logging,
-    write_json,
-)
+from .runs import card_base_model, finish_run, save_metrics, setup_logging, start_run, train_and_save  # noqa: E402
+from .trainer import RecipeTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +51,7 @@ LOCAL_DATA_HINT = (
     "and --tokenizer_name pointing to a tokenizer folder (for example one saved by "
     "orchid_hf.tokenization.train_wordpiece_tokenizer(...).save_pretrained(folder))."
 )
-FILE_BUILDERS = {
-    ".txt": "text",
-    ".text": "text",
-    ".json": "json",
-    ".jsonl": "json",
-    ".parquet": "parquet",
-    ".csv": "csv",
-}
+FILE_BUILDERS = {suffix: builder for suffix, builder in DATA_BUILDERS.items() if suffix != ".tsv"}
 # A streamed validation set is cut to this many blocks unless --max_eval_samples says otherwise.
 STREAMED_EVAL_BLOCKS = 2048
 
@@ -176,15 +153,11 @@ def load_raw_datasets(args: MlmDataArguments, seed: int, cache_dir: str | None =
 
     if args.train_file:
         builder = file_builder(args.train_file)
-        files = {"train": list(args.train_file)}
+        if args.validation_file and file_builder(args.validation_file) != builder:
+            raise ValueError("validation_file must have the same type as train_file")
+        train = _read_documents(args.train_file, "train", args.text_column_name, cache_dir)
         if args.validation_file:
-            if file_builder(args.validation_file) != builder:
-                raise ValueError("validation_file must have the same type as train_file")
-            files["validation"] = list(args.validation_file)
-        raw = load_dataset(builder, data_files=files, cache_dir=cache_dir)
-        train = raw["train"]
-        if "validation" in raw:
-            validation = raw["validation"]
+            validation = _read_documents(args.validation_file, "validation", args.text_column_name, cache_dir)
         elif args.validation_split_percentage > 0:
             split = train.train_test_split(test_size=args.validation_split_percentage / 100, seed=seed)
             train, validation = split["train"], split["test"]
@@ -201,12 +174,28 @@ def load_raw_datasets(args: MlmDataArguments, seed: int, cache_dir: str | None =
     return train, validation
 
 
-def text_column(dataset, name: str | None) -> str:
+def _read_documents(files: list[str], role: str, column_name: str | None, cache_dir: str | None):
+    """The documents of local files, one after the other; each file is checked for text on its own, so that an
+    error names it."""
+    from datasets import concatenate_datasets
+
+    datasets = []
+    for name in files:
+        source = DataFile(name, role)
+        dataset = read_data_file(source, cache_dir, suffixes=FILE_BUILDERS)
+        check_text_columns(dataset, source, [text_column(dataset, column_name, source)])
+        datasets.append(dataset)
+    return datasets[0] if len(datasets) == 1 else concatenate_datasets(datasets)
+
+
+def text_column(dataset, name: str | None, source: DataFile | str = "the data") -> str:
     """``name``, or ``text``, or the first column (run_mlm's rule)."""
     columns = list(dataset.features) if dataset.features is not None else ["text"]
     if name is not None:
         if name not in columns:
-            raise ValueError(f"the data has columns {columns}, none of them is --text_column_name {name!r}")
+            raise ValueError(
+                f"{source} has no column {name!r} (columns {columns}); name the text column with --text_column_name"
+            )
         return name
     return "text" if "text" in columns else columns[0]
 
@@ -333,14 +322,9 @@ class PretrainingRun:
 
 def build_trainer(parsed: ParsedArguments, callbacks=None) -> PretrainingRun:
     """Tokenizer, packed datasets, model, collator and Trainer for one pretraining run."""
-    model_args, data_args, recipe_args, training_args = parsed
+    model_args, data_args, _, _ = parsed
     # Settings derived here go to a copy, so the parsed arguments can build another run unchanged.
-    training_args = copy.copy(training_args)
-    resolve_stages(training_args, parsed.explicit, default=("do_train", "do_eval"))
-    plan = resolve_optimizer(training_args, recipe_args, parsed.explicit)
-    check_push(training_args)
-    if recipe_args.threads:
-        torch.set_num_threads(recipe_args.threads)
+    training_args, plan = start_run(parsed)
 
     # The recipe's tokenizer is that of a new model; a checkpoint brings its own unless --tokenizer_name is given.
     tokenizer_name = model_args.tokenizer_name
@@ -356,7 +340,6 @@ def build_trainer(parsed: ParsedArguments, callbacks=None) -> PretrainingRun:
         raise ValueError(f"tokenizer {tokenizer_name!r} has no mask token; masked-LM pretraining needs one")
     training_args.remove_unused_columns = False
 
-    set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading and packing the data"):
         seed = training_args.data_seed or training_args.seed
         train_raw, validation_raw = load_raw_datasets(data_args, seed, model_args.cache_dir, model_args.token)
@@ -442,14 +425,8 @@ def main(argv: list[str] | None = None) -> dict:
     if data_args.eval_before_training and trainer.eval_dataset is not None:
         results["init"] = trainer.evaluate(metric_key_prefix="init")
     if training_args.do_train:
-        checkpoint = resolve_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-        metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
-        if hasattr(trainer.train_dataset, "__len__"):
-            metrics["train_samples"] = len(trainer.train_dataset)
-        trainer.save_model()
-        save_metrics(trainer, "train", metrics)
-        trainer.save_state()
-        results["train"] = metrics
+        num_samples = len(trainer.train_dataset) if hasattr(trainer.train_dataset, "__len__") else None
+        _, results["train"] = train_and_save(trainer, num_samples)
     if training_args.do_eval and trainer.eval_dataset is not None:
         # The last step may have just been evaluated; do not pay for the same evaluation twice.
         step = trainer.state.global_step
@@ -459,10 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
         metrics["eval_samples"] = len(trainer.eval_dataset)
         save_metrics(trainer, "eval", metrics)
         results["eval"] = metrics
-    if trainer.is_world_process_zero():
-        write_json(Path(training_args.output_dir) / "results.json", results)
-    if training_args.do_train:
-        finish_run(trainer, "Masked-LM pretraining")
+    finish_run(trainer, results, "Masked-LM pretraining")
     return results
 
 

@@ -105,7 +105,7 @@ def list_recipes(kind: str | None = None) -> list[str]:
 
 
 # Pairs of fields of which a recipe or a user sets at most one: weight decay in torch AdamW's (Trainer's) meaning,
-# and the paper's decoupled value (see orchid_hf.training.resolve_weight_decay).
+# and the paper's decoupled value (see orchid_hf.optimization.resolve_weight_decay).
 EXCLUSIVE_DECAYS = (
     ("weight_decay", "decoupled_weight_decay"),
     ("filter_weight_decay", "filter_decoupled_weight_decay"),

@@ -15,7 +15,7 @@ Writes OUTPUT_DIR/<task>/ (model, card, all_results.json, results.json), OUTPUT_
 """
 
 from orchid_hf.glue import main
-from orchid_hf.training import run_cli
+from orchid_hf.runs import run_cli
 
 if __name__ == "__main__":
     run_cli(main)

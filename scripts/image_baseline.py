@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchid_hf.training import run_cli
+from orchid_hf.runs import run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
 from experiments.real_data.baselines import logistic_regression_baseline  # noqa: E402

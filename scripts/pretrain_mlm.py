@@ -13,7 +13,7 @@ See docs/training.md.
 """
 
 from orchid_hf.pretraining import main
-from orchid_hf.training import run_cli
+from orchid_hf.runs import run_cli
 
 if __name__ == "__main__":
     run_cli(main)

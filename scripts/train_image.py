@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from orchid_hf.training import run_cli
+from orchid_hf.runs import run_cli
 from orchid_hf.vision import main as train
 
 SUMMARY = ("dataset", "eval_split", "accuracy", "epochs", "steps", "train_seconds", "total_seconds", "num_parameters")

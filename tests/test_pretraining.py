@@ -19,10 +19,10 @@ from orchid_hf.pretraining import (
     build_trainer,
     main,
     parse_args,
-    resolve_checkpoint,
 )
+from orchid_hf.runs import resolve_checkpoint
 from orchid_hf.tokenization import train_wordpiece_tokenizer
-from orchid_hf.training import TrainingClock
+from orchid_hf.trainer import TrainingClock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -183,7 +183,7 @@ def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
 
 def test_training_clock_leaves_out_evaluation_time(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("orchid_hf.training.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("orchid_hf.trainer.time.perf_counter", lambda: now[0])
     clock = TrainingClock()
     outside = {"init_loss": 1.0, "init_runtime": 3.0}
     clock.add_to(outside)  # an evaluation before training: no training time yet

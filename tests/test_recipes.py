@@ -9,22 +9,21 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, TrainingArguments
 
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
+from orchid_hf.arguments import ModelArguments, RecipeArguments
 from orchid_hf.extras import require_extra
 from orchid_hf.glue import parse_args as glue_args
-from orchid_hf.pretraining import parse_args as mlm_args
-from orchid_hf.recipes import EXCLUSIVE_DECAYS, GLUE_TABLE_C2, get_recipe, list_recipes, register_recipe
-from orchid_hf.training import (
-    ModelArguments,
+from orchid_hf.model_loading import parse_overrides
+from orchid_hf.optimization import (
     OptimizerPlan,
-    RecipeArguments,
-    RecipeTrainer,
     decoupled_to_torch_weight_decay,
     filter_parameter_names,
-    parse_overrides,
     resolve_optimizer,
-    resolve_stages,
     resolve_weight_decay,
 )
+from orchid_hf.pretraining import parse_args as mlm_args
+from orchid_hf.recipes import EXCLUSIVE_DECAYS, GLUE_TABLE_C2, get_recipe, list_recipes, register_recipe
+from orchid_hf.runs import resolve_stages
+from orchid_hf.trainer import RecipeTrainer
 from orchid_hf.vision import parse_args as image_args
 from orchid_hf.vision.train import DATACLASSES as IMAGE_DATACLASSES
 

@@ -18,7 +18,8 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification, pi
 
 from experiments.real_data.baselines import logistic_regression_baseline
 from orchid_hf import OrchidConfig, OrchidForImageClassification
-from orchid_hf.training import ModelArguments, check_head_size
+from orchid_hf.arguments import ModelArguments
+from orchid_hf.model_loading import check_head_size
 from orchid_hf.vision import (
     EvalTransform,
     MixupCutmix,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from orchid_hf.extras import require_extra
-from orchid_hf.training import write_json
+from orchid_hf.runs import write_json
 from orchid_hf.vision.data import load_idx_arrays
 from orchid_hf.vision.report import confusion_matrix, plot_confusion_matrix
 

@@ -15,7 +15,7 @@ import re
 import statistics
 from pathlib import Path
 
-from orchid_hf.training import write_json
+from orchid_hf.runs import write_json
 
 # Run folders of scripts/real_data.sh.
 # pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate).

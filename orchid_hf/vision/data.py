@@ -15,6 +15,7 @@ import math
 import os
 import re
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,10 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as error:
+            raise ValueError(f"{path} is not a complete gzip file ({error}); download it again") from None
     if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] not in IDX_DTYPES:
         raise ValueError(
             f"{path} is not an IDX file: it starts with bytes {list(data[:4])}, expected 0, 0, a type code "

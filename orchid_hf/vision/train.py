@@ -9,7 +9,6 @@ augmentation flags override them. Any image-classification model type trains thr
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -27,34 +26,25 @@ from transformers import (  # noqa: E402,E501
     AutoImageProcessor,
     AutoModelForImageClassification,
     TrainerCallback,
-    TrainingArguments,
-    set_seed,  # noqa: E402
+    TrainingArguments,  # noqa: E402
 )
 
+from ..arguments import ModelArguments, ParsedArguments, RecipeArguments, parse_recipe_arguments  # noqa: E402
 from ..hub import from_pretrained  # noqa: E402
 from ..metrics import load_metric  # noqa: E402
+from ..model_loading import build_model, check_head_size, checkpoint_num_labels  # noqa: E402
+from ..optimization import describe_schedule, plan_for_model  # noqa: E402
 from ..recipes import IMAGE_RECIPE_FOR_DATASET, list_recipes  # noqa: E402
-from ..training import (  # noqa: E402
-    ModelArguments,
-    ParsedArguments,
-    RecipeArguments,
-    RecipeTrainer,
-    build_model,
+from ..runs import (  # noqa: E402
     card_base_model,
-    check_head_size,
-    check_push,
-    checkpoint_num_labels,
-    describe_schedule,
     finish_run,
-    parse_recipe_arguments,
-    plan_for_model,
     resolve_checkpoint,
-    resolve_optimizer,
-    resolve_stages,
     save_metrics,
     setup_logging,
-    write_json,
+    start_run,
+    train_and_save,
 )
+from ..trainer import RecipeTrainer  # noqa: E402
 from .augment import MixupCutmix, soft_target_cross_entropy  # noqa: E402
 from .data import IMAGENET_MEAN_STD, load_image_data  # noqa: E402
 from .report import EpochStatsCallback, confusion_matrix, peak_rss_mib, plot_confusion_matrix, write_image_model_card  # noqa: E402,E501
@@ -206,17 +196,11 @@ def train_image_classifier(parsed: ParsedArguments, callbacks: Sequence[TrainerC
     ``all_results.json`` (the examples' metric files), ``results.json`` (per-class accuracy, confusion matrix,
     time and memory per epoch, the resolved recipe), ``confusion_matrix.csv``/``.png`` and the model card."""
     started = time.perf_counter()
-    model_args, data_args, augmentation, recipe_args, training_args = parsed
-    training_args = copy.copy(training_args)
+    model_args, data_args, augmentation, _, _ = parsed
+    training_args, plan = start_run(parsed)
     training_args.remove_unused_columns = False  # the transforms need the raw image column
     if "dataloader_pin_memory" not in parsed.explicit:
         training_args.dataloader_pin_memory = torch.cuda.is_available()
-    resolve_stages(training_args, parsed.explicit, default=("do_train", "do_eval"))
-    plan = resolve_optimizer(training_args, recipe_args, parsed.explicit)
-    check_push(training_args)
-    if recipe_args.threads:
-        torch.set_num_threads(recipe_args.threads)
-    set_seed(training_args.seed)
 
     with training_args.main_process_first(desc="loading the images"):
         data = load_image_data(
@@ -316,11 +300,7 @@ def train_image_classifier(parsed: ParsedArguments, callbacks: Sequence[TrainerC
         output_dir=str(output_dir),
     )
     if training_args.do_train:
-        train_output = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        metrics = dict(train_output.metrics, train_samples=len(train_ds))
-        save_metrics(trainer, "train", metrics)
-        trainer.save_state()
+        train_output, _ = train_and_save(trainer, len(train_ds))
         results.update(
             steps=int(train_output.global_step),
             train_seconds=round(float(train_output.metrics["train_runtime"]), 2),
@@ -345,10 +325,7 @@ def train_image_classifier(parsed: ParsedArguments, callbacks: Sequence[TrainerC
             title = f"{results['dataset']}: accuracy {results['accuracy']:.4f} on {data.eval_split}"
             plot_confusion_matrix(matrix, label_names, output_dir / "confusion_matrix.png", title=title)
     results["total_seconds"] = round(time.perf_counter() - started, 2)
-    if trainer.is_world_process_zero():
-        write_json(output_dir / "results.json", results)
-    if training_args.do_train:
-        finish_run(trainer, "Image classification")
+    finish_run(trainer, results, "Image classification")
     return results
 
 
