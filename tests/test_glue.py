@@ -131,6 +131,7 @@ def test_offline_hub_names_fail_fast(glue_setup):
         main(["--model_name_or_path", str(glue_setup / "pretrained"), "--task_name", "squad"])
 
 
+@pytest.mark.slow
 def test_tiny_suite_with_mnli_start_and_submission_files(glue_setup, tmp_path):
     out = tmp_path / "glue"
     common = [
@@ -186,6 +187,7 @@ def test_tiny_suite_with_mnli_start_and_submission_files(glue_setup, tmp_path):
     assert (out / "rte" / "predict_results_rte.txt").read_text().startswith("index\tprediction\n100\t")
 
 
+@pytest.mark.slow
 def test_own_csv_data_with_a_bert_baseline_and_a_config_file(glue_setup, tmp_path):
     """run_glue's --train_file/--validation_file/--test_file path, BERT trained through the same script, and the
     arguments read from a JSON file."""

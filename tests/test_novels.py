@@ -122,6 +122,7 @@ def test_attribution_split_keeps_every_chapter_on_one_side(novels, tmp_path):
         write_attribution_task([novels / "alpha.txt"], tokenizer, 4000, tmp_path)
 
 
+@pytest.mark.slow
 def test_prepared_files_fine_tune_a_classifier(novels, tmp_path):
     spec = importlib.util.spec_from_file_location("prepare_novels", ROOT / "scripts" / "prepare_novels.py")
     prepare = importlib.util.module_from_spec(spec)

@@ -129,6 +129,7 @@ class FakeHub:
         return done if kwargs.get("run_as_future") else "https://hub.example/commit/1"
 
 
+@pytest.mark.slow
 def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
     # Pretend the Hub is reachable and let a fake hub receive Trainer's uploads.
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
@@ -267,6 +268,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(corpus, tmp_path)
         assert torch.equal(weight, resumed_weights[name]), name
 
 
+@pytest.mark.slow
 def test_hub_path_streams_c4(corpus, tmp_path, monkeypatch):
     """The real C4 path, with the Hub replaced by a local stream: streaming, shuffling, packing on the fly,
     a finite validation set taken from the stream, and Trainer on an IterableDataset."""
@@ -297,6 +299,7 @@ def test_hub_path_streams_c4(corpus, tmp_path, monkeypatch):
     assert trainer.train().global_step == 2
 
 
+@pytest.mark.slow
 def test_bert_baseline_through_the_same_recipe_then_evaluation_alone(corpus, tmp_path):
     """--model_type bert trains transformers' BERT with the same data, tokenizer and recipe; --do_eval alone then
     evaluates a saved model without training it."""
@@ -319,6 +322,7 @@ def test_bert_baseline_through_the_same_recipe_then_evaluation_alone(corpus, tmp
         main(["--model_name_or_path", str(out), "--config_overrides", "hidden_size=64", "--output_dir", "x"])
 
 
+@pytest.mark.slow
 def test_config_name_takes_a_preset_or_a_config_file(corpus, tmp_path):
     from orchid_hf import OrchidConfig
 

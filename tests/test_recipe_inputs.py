@@ -284,6 +284,7 @@ def test_idx_wrong_magic_or_damaged_gzip(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_cli_prints_one_line(tmp_path, tokenizer_dir):
     path = _write(tmp_path / "train.csv", "sentence,label\nthe cat sat,0\na dog ran,\n")
     dev = _write(tmp_path / "dev.csv", GOOD_CSV)

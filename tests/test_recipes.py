@@ -363,6 +363,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
 """
 
 
+@pytest.mark.slow
 def test_the_model_needs_no_extra_and_the_recipes_name_theirs(tmp_path):
     """In a process where the extras' packages cannot be found, the model works and each recipe says what to
     install."""

@@ -365,6 +365,7 @@ def test_checkpoint_with_other_label_count_needs_ignore_mismatched_sizes(tmp_pat
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_digits_training_learns_and_the_output_folder_works_in_a_pipeline(tmp_path, one_thread):
     out = tmp_path / "digits"
     args = [
@@ -394,6 +395,7 @@ def test_digits_training_learns_and_the_output_folder_works_in_a_pipeline(tmp_pa
     assert sum(p[0]["label"] == str(t) for p, t in zip(predictions, digits.target[:20])) >= 8
 
 
+@pytest.mark.slow
 def test_image_folder_training_writes_a_loadable_model_and_resumes(tmp_path, one_thread):
     root = write_image_folder(tmp_path / "colours")
     out = tmp_path / "run"
@@ -438,6 +440,7 @@ def test_image_folder_training_writes_a_loadable_model_and_resumes(tmp_path, one
     assert fine_tuned["steps"] == 1 and fine_tuned["base_model"] is None
 
 
+@pytest.mark.slow
 def test_push_goes_through_trainer_with_the_card_and_the_processor(tmp_path, one_thread, monkeypatch):
     from tests.test_pretraining import FakeHub
 
@@ -463,6 +466,7 @@ def test_push_goes_through_trainer_with_the_card_and_the_processor(tmp_path, one
     assert "me/orchid-colours" in card and "model-index" in card  # the final card carries the accuracy
 
 
+@pytest.mark.slow
 def test_imagenet_recipe_trains_with_all_its_augmentations(tmp_path, one_thread):
     """RandomResizedCrop, RandAugment, random erasing and Mixup/CutMix in a real Trainer run (two steps)."""
     root = write_image_folder(tmp_path / "colours", size=24)
@@ -479,6 +483,7 @@ def test_imagenet_recipe_trains_with_all_its_augmentations(tmp_path, one_thread)
     assert augmentation["random_erasing"] == 0.25 and augmentation["resample"] == "bicubic"
 
 
+@pytest.mark.slow
 def test_grey_idx_images_with_orchid_and_a_vit_baseline(tmp_path, one_thread):
     """Fashion-MNIST's layout: IDX files of grey 28x28 images, an Orchid-ViT with one input channel, and
     transformers' ViT trained by the same recipe on the same data; both saved folders classify grey images."""
