@@ -15,8 +15,8 @@ copy that computes the same outputs another way:
 * linear layers run through oneDNN with their weights packed once, adding the bias and applying the MLP's activation
   while the GEMM writes its output (``torch.ops.mkldnn``; MKL's GEMMs where a torch build lacks the op).
 
-The copy refuses to train (``train()`` raises) and never records gradients; its weights must not change after it is
-made, since the cached spectra and packed weights would not follow them (make a new copy instead). It runs on the CPU
+The copy refuses to train (``train()`` raises), never records gradients, and refuses every change of its parameters,
+which the cached spectra and packed weights would not follow (see :func:`optimize_for_inference`). It runs on the CPU
 in float32, and needs plain ``nn.Linear`` projections: merge LoRA adapters first (peft's ``merge_and_unload``), and
 remove hooks, which it would not call. Its outputs equal the plain model's to rounding (``tests/test_inference.py``).
 """
@@ -96,9 +96,27 @@ PACKING_BATCH = 1024  # the batch oneDNN packs weights for; any larger batch rea
 def optimize_for_inference(model: OrchidPreTrainedModel | OrchidOperator):
     """A frozen copy of an Orchid model (any head) or operator for fast CPU inference, with the same outputs.
 
-    The copy never records gradients and refuses ``train()``; its weights must not change afterwards (the spectra
-    and packed weights made here would not follow). The model must be on the CPU in float32, with plain
-    ``nn.Linear`` projections and no hooks: merge LoRA adapters first, and use the plain model for quantised weights.
+    The model must be on the CPU in float32 (a ValueError names any other dtype or device: use the plain model
+    there), with plain ``nn.Linear`` projections and no hooks: merge LoRA adapters first, and use the plain model for
+    quantised weights. The model itself is left as it was.
+
+    The copy holds spectra and packed weights derived from its parameters, so it is frozen: its parameters are
+    :class:`FrozenWeight`, read like any others (``state_dict()`` loads into a plain model, ``save_pretrained`` and
+    pickling work, copies stay frozen), and every write raises before it starts, whatever the path:
+
+    * in-place ops on a parameter or on a tensor sharing its memory (``.data``, ``detach()``, views, ``state_dict()``
+      entries): ``p.data.mul_``, ``p.add_`` under ``no_grad``, ``+=``, ``copy_``, ``nn.init``, optimizer steps (fused
+      ones included); ``p.data = ...``; ``load_state_dict`` (with ``assign=True`` too): a RuntimeError;
+    * ``requires_grad_(True)`` of the copy or a parameter, ``p.requires_grad = True``, ``train()``: a RuntimeError;
+    * a cast to another dtype (``.double()``, ``.half()``, ``.to(torch.bfloat16)``): a ValueError, before anything
+      is converted; numpy arrays of the parameters are read-only.
+
+    What torch lets through without a call to refuse stops the copy's next forward with a RuntimeError naming the
+    part (:class:`FrozenParts`): a parameter or module it holds derived forms of, replaced (by assignment, peft's
+    ``get_peft_model``, ``torch.func.functional_call``), and forward hooks on modules it does not call as the plain
+    model does (projections, filters, norms, the MLP) or global ones. Hooks on the model, its layers' mixers and
+    the modules it calls whole run as usual. Writes below the tensor API (storages, DLPack) are not seen. In every case
+    the remedy is the same: change the plain model and optimise it again.
     """
     if not isinstance(model, OrchidPreTrainedModel | OrchidOperator):
         raise ValueError(f"optimize_for_inference takes an Orchid model or OrchidOperator, got {type(model).__name__}")
