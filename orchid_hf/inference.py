@@ -15,8 +15,8 @@ copy that computes the same outputs another way:
 * linear layers run through oneDNN with their weights packed once, adding the bias and applying the MLP's activation
   while the GEMM writes its output (``torch.ops.mkldnn``; MKL's GEMMs where a torch build lacks the op).
 
-The copy refuses to train (``train()`` raises) and never records gradients; its weights must not change after it is
-made, since the cached spectra and packed weights would not follow them (make a new copy instead). It runs on the CPU
+The copy refuses to train (``train()`` raises), never records gradients, and refuses every change of its parameters,
+which the cached spectra and packed weights would not follow (see :func:`optimize_for_inference`). It runs on the CPU
 in float32, and needs plain ``nn.Linear`` projections: merge LoRA adapters first (peft's ``merge_and_unload``), and
 remove hooks, which it would not call. Its outputs equal the plain model's to rounding (``tests/test_inference.py``).
 """
@@ -96,25 +96,50 @@ PACKING_BATCH = 1024  # the batch oneDNN packs weights for; any larger batch rea
 def optimize_for_inference(model: OrchidPreTrainedModel | OrchidOperator):
     """A frozen copy of an Orchid model (any head) or operator for fast CPU inference, with the same outputs.
 
-    The copy never records gradients and refuses ``train()``; its weights must not change afterwards (the spectra
-    and packed weights made here would not follow). The model must be on the CPU in float32, with plain
-    ``nn.Linear`` projections and no hooks: merge LoRA adapters first, and use the plain model for quantised weights.
+    The model must be on the CPU in float32 (a ValueError names any other dtype or device: use the plain model
+    there), with plain ``nn.Linear`` projections and no hooks: merge LoRA adapters first, and use the plain model for
+    quantised weights. The model itself is left as it was.
+
+    The copy holds spectra and packed weights derived from its parameters, so it is frozen: its parameters are
+    :class:`FrozenWeight`, read like any others (``state_dict()`` loads into a plain model, ``save_pretrained`` and
+    pickling work, copies stay frozen), and every write raises before it starts, whatever the path:
+
+    * in-place ops on a parameter or on a tensor sharing its memory (``.data``, ``detach()``, views, ``state_dict()``
+      entries): ``p.data.mul_``, ``p.add_`` under ``no_grad``, ``+=``, ``copy_``, ``nn.init``, optimizer steps (fused
+      ones included); ``p.data = ...``; ``load_state_dict`` (with ``assign=True`` too): a RuntimeError;
+    * ``requires_grad_(True)`` of the copy or a parameter, ``p.requires_grad = True``, ``train()``: a RuntimeError;
+    * a cast to another dtype (``.double()``, ``.half()``, ``.to(torch.bfloat16)``): a ValueError, before anything
+      is converted; numpy arrays of the parameters are read-only.
+
+    What torch lets through without a call to refuse stops the copy's next forward with a RuntimeError naming the
+    part (:class:`FrozenParts`): a parameter or module it holds derived forms of, replaced (by assignment, peft's
+    ``get_peft_model``, ``torch.func.functional_call``), and forward hooks on modules it does not call as the plain
+    model does (projections, filters, norms, the MLP) or global ones. Hooks on the model, its layers' mixers and
+    the modules it calls whole run as usual. Writes below the tensor API (storages, DLPack) are not seen. In every case
+    the remedy is the same: change the plain model and optimise it again.
     """
     if not isinstance(model, OrchidPreTrainedModel | OrchidOperator):
         raise ValueError(f"optimize_for_inference takes an Orchid model or OrchidOperator, got {type(model).__name__}")
     check_optimizable(model)
-    frozen = copy.deepcopy(model).eval().requires_grad_(False)
-    for module in list(frozen.modules()):
-        if isinstance(module, OrchidOperator):
-            InferenceOperator.freeze(module)
-        elif isinstance(module, OrchidMLP):
-            InferenceMLP.freeze(module)
-        elif isinstance(module, OrchidLayer):
-            module.__class__ = InferenceLayer
-        elif isinstance(module, OrchidEncoder):
-            module.__class__ = InferenceEncoder
-        elif isinstance(module, OrchidEmbeddings):
-            module.__class__ = InferenceEmbeddings
+    with torch._C.DisableTorchFunctionSubclass():  # the parameters of a copy optimised again read as plain tensors
+        frozen = copy.deepcopy(model).eval().requires_grad_(False)
+        for name, module in list(frozen.named_modules()):
+            if isinstance(module, OrchidOperator):
+                InferenceOperator.freeze(module)
+            elif isinstance(module, OrchidMLP):
+                InferenceMLP.freeze(module)
+            elif isinstance(module, OrchidLayer):
+                module.__class__ = InferenceLayer
+                module.frozen_parts = FrozenParts.of_layer(module, name)
+            elif isinstance(module, OrchidEncoder):
+                module.__class__ = InferenceEncoder
+            elif isinstance(module, OrchidEmbeddings):
+                module.__class__ = InferenceEmbeddings
+                module.frozen_parts = FrozenParts.of_embeddings(module, name)
+        if isinstance(frozen, OrchidOperator):
+            frozen.frozen_parts = FrozenParts.of_operator(frozen, "")
+        for parameter in frozen.parameters():
+            parameter.__class__ = FrozenWeight
     return frozen
 
 
@@ -157,22 +182,214 @@ def linear_blocks(layer: nn.Module) -> list[nn.Module]:
     return list(layer.blocks) if isinstance(layer, BlockDiagonalLinear) else [layer]
 
 
-def refuse_training(module: nn.Module, mode: bool = True) -> nn.Module:
-    """``train`` of the modules made here: eval mode only."""
-    if mode:
-        raise RuntimeError(
-            "this model was made by optimize_for_inference for inference only and cannot train; train the plain "
-            "model and optimise a new copy of it"
-        )
-    return nn.Module.train(module, False)
-
-
 def check_no_grad_input(name: str, tensor: torch.Tensor | None) -> None:
     if tensor is not None and tensor.requires_grad:
         raise ValueError(
             f"{name} requires grad, but this model was made by optimize_for_inference and records no gradients; "
             "use the plain model"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# What keeps the copy frozen
+# ---------------------------------------------------------------------------------------------
+
+EDIT_REFUSED = (
+    "{what} is refused: this model was made by optimize_for_inference and holds spectra and packed weights derived "
+    "from its parameters, which would not follow the change; change the plain model and optimise the plain model again"
+)
+PART_CHANGED = (
+    "{what}: this model was made by optimize_for_inference, which computes its outputs its own way from the parts it "
+    "had then; change the plain model (hooks, adapters and other weights work there) and optimise it again"
+)
+# Tensor methods whose names end in "_" that change no value: moving storage to shared memory, for worker processes.
+IN_PLACE_BUT_UNCHANGED = frozenset({"share_memory_"})
+IN_PLACE_OPERATORS = frozenset(
+    [f"__i{name}__" for name in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or",
+                                 "xor", "lshift", "rshift")]
+    + ["__setitem__"]
+)
+DATA_SETTER = torch.Tensor.data.__set__
+REQUIRES_GRAD_SETTER = torch.Tensor.requires_grad.__set__
+
+
+def frozen_torch_function(cls, func, types, args=(), kwargs=None):
+    """``__torch_function__`` of the copy's parameters and of the tensors that share their memory: everything that
+    reads them runs as on any tensor; what would write them, cast them or make them require grad raises before it
+    starts. Results that share their memory (``.data``, ``detach()``, views) are frozen in turn, and numpy arrays
+    of them are read-only."""
+    kwargs = kwargs or {}
+    with torch._C.DisableTorchFunctionSubclass():  # the checks below read the tensors without coming back here
+        refuse_writes(func, args, kwargs)
+        result = func(*args, **kwargs)
+        frozen = {storage_address(t) for t in tensors_in(args) if isinstance(t, FrozenTensor | FrozenWeight)}
+        if getattr(func, "__name__", "") == "numpy":
+            result.flags.writeable = False
+        elif isinstance(result, tuple | list):
+            result = type(result)(frozen_if_shared(r, frozen) for r in result)
+        else:
+            result = frozen_if_shared(result, frozen)
+    return result
+
+
+def refuse_writes(func, args, kwargs) -> None:
+    name = getattr(func, "__name__", "")
+    if func == DATA_SETTER:
+        target, value = args
+        if value.dtype != target.dtype or value.device != target.device:
+            raise ValueError(
+                f"this model was made by optimize_for_inference and runs in torch.float32 on the CPU, so it cannot "
+                f"become {value.dtype} on {value.device}; in another dtype or on another device, use the plain model "
+                "(optimize_for_inference takes float32 models on the CPU)"
+            )
+        if storage_address(value) != storage_address(target) or value.shape != target.shape:
+            raise RuntimeError(EDIT_REFUSED.format(what="Setting a parameter's .data"))
+    elif func == REQUIRES_GRAD_SETTER or name == "requires_grad_":
+        requires_grad = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+        if requires_grad:
+            raise RuntimeError(EDIT_REFUSED.format(what="Making a parameter require grad (for training)"))
+    elif (name.endswith("_") and not name.startswith("__") and name not in IN_PLACE_BUT_UNCHANGED) or (
+        name in IN_PLACE_OPERATORS
+    ):
+        written = args[:1] if args else list(kwargs.values())[:1]  # nn.init passes its tensor by keyword
+        if any(isinstance(t, FrozenTensor | FrozenWeight) for t in tensors_in(written)):
+            raise RuntimeError(EDIT_REFUSED.format(what=f"Writing a parameter in place ({name})"))
+    if any(isinstance(t, FrozenTensor | FrozenWeight) for t in tensors_in([kwargs.get("out")])):
+        raise RuntimeError(EDIT_REFUSED.format(what=f"Writing a parameter as the out= of {name}"))
+
+
+def tensors_in(values) -> list[torch.Tensor]:
+    """The tensors among ``values`` and in the lists and tuples among them (as foreach ops and optimizers pass)."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def storage_address(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage().data_ptr() if tensor.numel() else None
+    except (RuntimeError, NotImplementedError):  # sparse, nested and other tensors without one storage
+        return None
+
+
+def frozen_if_shared(value, frozen_storages: set):
+    if isinstance(value, torch.Tensor) and not isinstance(value, FrozenTensor | FrozenWeight):
+        address = storage_address(value)
+        if address is not None and address in frozen_storages:
+            return value.as_subclass(FrozenTensor)
+    return value
+
+
+class FrozenWeight(nn.Parameter):
+    """A parameter of a model made by :func:`optimize_for_inference`: read like any other, never written (see
+    :func:`frozen_torch_function`). It pickles and copies as itself, so copies of the model stay frozen."""
+
+    __torch_function__ = classmethod(frozen_torch_function)
+
+    def __reduce_ex__(self, protocol):
+        with torch._C.DisableTorchFunctionSubclass():
+            return rebuild_frozen_weight, (self.data,)
+
+    def __repr__(self) -> str:
+        with torch._C.DisableTorchFunctionSubclass():
+            return "Frozen parameter containing:\n" + repr(self.data)
+
+
+def rebuild_frozen_weight(data: torch.Tensor) -> FrozenWeight:
+    return torch.Tensor._make_subclass(FrozenWeight, data, False)
+
+
+class FrozenTensor(torch.Tensor):
+    """A tensor that shares the memory of a :class:`FrozenWeight` (its ``.data``, a ``detach()``, a ``state_dict()``
+    entry, a view): read like any other, never written. It pickles as a plain tensor, so a saved state dict loads with
+    ``torch.load(weights_only=True)`` and belongs to whoever loads it."""
+
+    __torch_function__ = classmethod(frozen_torch_function)
+
+    def __reduce_ex__(self, protocol):
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
+
+class FrozenParts:
+    """What a module made by :func:`optimize_for_inference` cannot see change through its parameters: ``derived``,
+    the submodules it holds spectra or packed weights of (each of their modules and parameters must stay the object it
+    was: a replacement, by assignment, peft or ``torch.func.functional_call``, would not be read), and ``uncalled``,
+    the submodules it reads without calling them (or calls on pieces of the input), whose hooks it would not run
+    as the plain model runs them. :meth:`check`, at each call, costs a few dictionary look-ups per part."""
+
+    def __init__(self, prefix: str, module: nn.Module, derived: list[str], uncalled: list[str]):
+        self.derived = []  # (name, owner, table, key, part): owner.<table>[key] must still be part
+        for path in derived:
+            owner_path, _, key = path.rpartition(".")
+            owner = module.get_submodule(owner_path)
+            part = owner._modules.get(key)
+            if part is None:
+                continue
+            self.derived.append((qualified(prefix, path), owner, "_modules", key, part))
+            for name, sub in part.named_modules(prefix=qualified(prefix, path)):
+                self.derived += [(f"{name}.{k}", sub, "_modules", k, v) for k, v in sub._modules.items()]
+                self.derived += [(f"{name}.{k}", sub, "_parameters", k, v) for k, v in sub._parameters.items()]
+        self.uncalled = [
+            (name, sub)
+            for path in uncalled
+            for name, sub in module.get_submodule(path).named_modules(prefix=qualified(prefix, path))
+        ]
+
+    @classmethod
+    def of_operator(cls, op: OrchidOperator, prefix: str) -> FrozenParts:
+        derived = ["in_proj", "out_proj", "static_filter", "residual_filter"]
+        return cls(prefix, op, derived, uncalled=list(dict(op.named_children())))
+
+    @classmethod
+    def of_layer(cls, layer: OrchidLayer, prefix: str) -> FrozenParts:
+        derived = ["mixer.in_proj", "mixer.out_proj", "mixer.static_filter", "mixer.residual_filter", "mlp.up_proj",
+                   "mlp.down_proj"]
+        uncalled = [f"mixer.{name}" for name, _ in layer.mixer.named_children()]
+        uncalled += [name for name, _ in layer.named_children() if name != "mixer"]
+        return cls(prefix, layer, derived, uncalled)
+
+    @classmethod
+    def of_embeddings(cls, embeddings: OrchidEmbeddings, prefix: str) -> FrozenParts:
+        uncalled = [name for name, _ in embeddings.named_children() if name != "word_embeddings"]
+        return cls(prefix, embeddings, derived=[], uncalled=uncalled)
+
+    def check(self) -> None:
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            raise RuntimeError(
+                PART_CHANGED.format(what="global forward hooks are registered, which this copy would not call")
+            )
+        for name, owner, table, key, part in self.derived:
+            if owner.__dict__[table].get(key) is not part:
+                raise RuntimeError(PART_CHANGED.format(what=f"{name} was replaced"))
+        for name, module in self.uncalled:
+            if module._forward_hooks or module._forward_pre_hooks:
+                raise RuntimeError(
+                    PART_CHANGED.format(what=f"{name} has forward hooks, which this copy does not call")
+                )
+
+
+def qualified(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class RefusesChanges:
+    """``train()`` and ``load_state_dict`` of the modules made by :func:`optimize_for_inference`."""
+
+    def train(self, mode: bool = True) -> nn.Module:
+        if mode:
+            raise RuntimeError(
+                "this model was made by optimize_for_inference for inference only and cannot train; train the plain "
+                "model and optimise a new copy of it"
+            )
+        return nn.Module.train(self, False)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        raise RuntimeError(EDIT_REFUSED.format(what="load_state_dict"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +517,7 @@ def fresh_copy(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-class InferenceOperator(OrchidOperator):
+class InferenceOperator(RefusesChanges, OrchidOperator):
     """An :class:`OrchidOperator` made by :func:`optimize_for_inference`: the same parameters, the static filters'
     spectra computed once, channels mixed in groups, work done in place. Its outputs equal the plain operator's."""
 
@@ -314,8 +531,6 @@ class InferenceOperator(OrchidOperator):
         op.in_proj_groups = {}  # (start, stop) of a channel group -> FrozenLinear of in_proj's rows for it
         op.out_linear = FrozenLinear(op.out_proj.weight, op.out_proj.bias)
 
-    train = refuse_training
-
     def forward(
         self,
         x: torch.Tensor,
@@ -328,9 +543,11 @@ class InferenceOperator(OrchidOperator):
         the result where the channel groups are written into one output; the result is then ``out``."""
         check_no_grad_input("x", x)
         check_no_grad_input("conditioning_input", conditioning_input)
+        if "frozen_parts" in self.__dict__:  # an operator optimised alone; in a model, its layer checks
+            self.frozen_parts.check()
         self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
         order = front_packing_order(attention_mask)
-        with torch.no_grad():
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
             if order is not None:
                 x, attention_mask, out = gather_rows(x, order), gather_rows(attention_mask, order), None
             conditioning = None
@@ -486,7 +703,7 @@ def conditioning_spectrum(
 # ---------------------------------------------------------------------------------------------
 
 
-class InferenceMLP(OrchidMLP):
+class InferenceMLP(RefusesChanges, OrchidMLP):
     """An :class:`OrchidMLP` made by :func:`optimize_for_inference`: the intermediate features in pieces, one per block
     of ``down_proj``, each a GEMM whose activation oneDNN applies as it writes (for the GLU, a gate piece times the
     value piece at the same place of the second half); every GEMM reads a contiguous input."""
@@ -516,8 +733,6 @@ class InferenceMLP(OrchidMLP):
             value = up_rows(intermediate + k * piece, None) if mlp.is_glu else None
             mlp.pieces.append((gate, value, FrozenLinear(down.weight, down.bias)))
 
-    train = refuse_training
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: (tokens, hidden_size), a chunk of the sequence."""
         inputs: dict[tuple[int, int], torch.Tensor] = {}  # the up blocks' input columns, each made contiguous once
@@ -539,17 +754,16 @@ class InferenceMLP(OrchidMLP):
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
 
-class InferenceLayer(OrchidLayer):
+class InferenceLayer(RefusesChanges, OrchidLayer):
     """An :class:`OrchidLayer` made by :func:`optimize_for_inference`: everything after the mixer acts on each token
     alone, so it runs on chunks of tokens written over the mixer's output, a fresh tensor that becomes the layer's
     output. A chunk's tensors stay in cache and reuse each other's memory, where the whole sequence would allocate five
     more tensors of the input's size."""
 
-    train = refuse_training
-
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
+        self.frozen_parts.check()
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
         out = self.mixer(mixer_input, attention_mask, out=out)
         tokens = out.view(-1, out.shape[-1])
@@ -573,16 +787,14 @@ def token_chunks(num_tokens: int, up_features: int) -> list[slice]:
     return [slice(start, min(start + size, num_tokens)) for start in range(0, num_tokens, size)]
 
 
-class InferenceEncoder(OrchidEncoder):
+class InferenceEncoder(RefusesChanges, OrchidEncoder):
     """An :class:`OrchidEncoder` made by :func:`optimize_for_inference`: without autograd, and each layer's output in
     the memory of the output of the layer before last, which nothing reads any more (never the encoder's own input,
     nor an output returned with ``output_hidden_states``)."""
 
-    train = refuse_training
-
     def forward(self, hidden_states, attention_mask=None, output_hidden_states=False):
         check_no_grad_input("hidden_states", hidden_states)
-        with torch.no_grad():
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
             all_hidden_states = (hidden_states,) if output_hidden_states else None
             reuse = not output_hidden_states and len(self.layer) >= 3
             reuse = reuse and self.layer[0].mixer.writes_into_out(hidden_states.shape[0])
@@ -598,15 +810,14 @@ class InferenceEncoder(OrchidEncoder):
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
 
 
-class InferenceEmbeddings(OrchidEmbeddings):
+class InferenceEmbeddings(RefusesChanges, OrchidEmbeddings):
     """:class:`OrchidEmbeddings` made by :func:`optimize_for_inference`: the position and token-type embeddings added
     into the word embeddings' fresh tensor, and the LayerNorm applied a chunk of tokens at a time over it."""
 
-    train = refuse_training
-
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
         check_no_grad_input("inputs_embeds", inputs_embeds)
-        with torch.no_grad():
+        self.frozen_parts.check()
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
             # A fresh tensor either way: never in place on the caller's embeddings.
             embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else fresh_copy(inputs_embeds)
             if position_ids is None:

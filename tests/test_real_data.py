@@ -5,10 +5,12 @@ run's own result files, the plots are drawn, and only the generated blocks of th
 import importlib.util
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.real_data.report import collect_runs, load_records, render_report, replace_block, time_note
 from orchid_hf.glue import main as finetune
@@ -148,6 +150,29 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     assert f"logistic regression {100 * logreg['accuracy']:.2f}%" in blocks["headline"]
     assert (tmp_path / "real_data_pretraining.png").stat().st_size > 0
     assert (tmp_path / "real_data_confusion.png").stat().st_size > 0
+
+
+class RunsCodeWhenLoaded:
+    """Unpickling this writes a file: what a crafted training_args.bin could do instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.write_text, (self.marker, "ran")
+
+
+def test_collecting_runs_never_unpickles_training_args(runs, tmp_path):
+    crafted = tmp_path / "runs"
+    shutil.copytree(runs / "pretrain-bert", crafted / "pretrain-bert")
+    marker = tmp_path / "marker"
+    arguments = crafted / "pretrain-bert" / "training_args.bin"
+    torch.save({"payload": RunsCodeWhenLoaded(marker), "learning_rate": 3e-4}, arguments)
+    assert collect_runs(crafted, tmp_path / "results") == ["pretrain-bert"]
+    assert not marker.exists()
+    assert json.loads((tmp_path / "results" / "pretrain-bert.json").read_text())["learning_rate"] == 3e-4
+    torch.load(arguments, weights_only=False)  # the file does run code when loaded
+    assert marker.read_text() == "ran"
 
 
 def test_report_errors_name_what_is_missing(tmp_path):

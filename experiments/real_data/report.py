@@ -10,9 +10,11 @@ files alone, so the report can be rebuilt from the repository. Generated text go
 from __future__ import annotations
 
 import json
+import pickletools
 import platform
 import re
 import statistics
+import zipfile
 from pathlib import Path
 
 from orchid_hf.runs import write_json
@@ -63,10 +65,26 @@ def training_seconds(folder: Path) -> float:
 
 
 def peak_learning_rate(folder: Path) -> float:
-    """The run's --learning_rate, from the ``training_args.bin`` that Trainer saves with the model."""
-    import torch
-
-    return float(torch.load(folder / "training_args.bin", weights_only=False).learning_rate)
+    """The run's --learning_rate, from the ``training_args.bin`` that Trainer saves with the model, which no JSON file
+    of the run holds. That file is a pickle (in torch.save's zip archive), and loading a pickle can run any code, so it
+    is never loaded: its opcodes are read as data (``pickletools.genops`` parses without building anything) and the
+    float stored under the key ``learning_rate`` of the arguments' state is taken."""
+    path = folder / "training_args.bin"
+    data = path.read_bytes()
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            pickles = [name for name in archive.namelist() if name.rsplit("/", 1)[-1] == "data.pkl"]
+            if len(pickles) != 1:
+                raise ValueError(f"{path}: expected one data.pkl in the archive, found {pickles}")
+            data = archive.read(pickles[0])
+    key = None
+    for opcode, value, _ in pickletools.genops(data):
+        if opcode.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+            continue  # bookkeeping between a key and its value
+        if key == "learning_rate" and opcode.name in ("BINFLOAT", "FLOAT"):
+            return float(value)
+        key = value if isinstance(value, str) and "UNICODE" in opcode.name else None
+    raise ValueError(f"{path}: no float stored under 'learning_rate'")
 
 
 def pretraining_record(folder: Path, arch: str, variant: str | None = None) -> dict:
