@@ -94,6 +94,7 @@ def skeleton(path: Path, names=BLOCKS) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_report_tables_come_from_the_runs(runs, tmp_path):
     results = tmp_path / "results"
     names = collect_runs(runs, results)
