@@ -5,6 +5,8 @@ from .configuration_orchid import PRESETS, OrchidConfig
 from .modeling_orchid import (
     OrchidForImageClassification,
     OrchidForMaskedLM,
+    OrchidForMultipleChoice,
+    OrchidForQuestionAnswering,
     OrchidForSequenceClassification,
     OrchidForTokenClassification,
     OrchidModel,
@@ -18,6 +20,8 @@ __all__ = [
     "OrchidConfig",
     "OrchidForImageClassification",
     "OrchidForMaskedLM",
+    "OrchidForMultipleChoice",
+    "OrchidForQuestionAnswering",
     "OrchidForSequenceClassification",
     "OrchidForTokenClassification",
     "OrchidModel",

@@ -113,6 +113,8 @@ AUTO_MAP = {
     "AutoModelForSequenceClassification": "modeling_orchid.OrchidForSequenceClassification",
     "AutoModelForTokenClassification": "modeling_orchid.OrchidForTokenClassification",
     "AutoModelForImageClassification": "modeling_orchid.OrchidForImageClassification",
+    "AutoModelForQuestionAnswering": "modeling_orchid.OrchidForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_orchid.OrchidForMultipleChoice",
 }
 
 

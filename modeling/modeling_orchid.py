@@ -19,6 +19,8 @@ from transformers.modeling_outputs import (
     BaseModelOutput,
     ImageClassifierOutput,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
@@ -650,6 +652,168 @@ class OrchidForImageClassification(OrchidPreTrainedModel):
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 
+# ---------------------------------------------------------------------------------------------
+# Question answering and multiple choice
+# ---------------------------------------------------------------------------------------------
+
+
+def reject_attention_arguments(output_attentions: bool | None, head_mask: torch.Tensor | None) -> None:
+    """transformers' attention arguments, accepted so that generic callers work; a ValueError where Orchid cannot
+    honour them, since its sequence mixer is a global convolution with no attention maps or heads."""
+    if output_attentions:
+        raise ValueError("output_attentions=True: Orchid has no attention maps to return (it mixes by convolution)")
+    if head_mask is not None:
+        raise ValueError("head_mask was given, but Orchid has no attention heads to mask")
+
+
+def span_loss(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    start_positions: torch.Tensor | None,
+    end_positions: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """The mean of the start and end cross-entropies, as BertForQuestionAnswering: positions are clamped to
+    [0, length], and length (a position past the input, e.g. an answer cut off by truncation) is ignored."""
+    if start_positions is None and end_positions is None:
+        return None
+    if start_positions is None or end_positions is None:
+        given, missing = "start_positions", "end_positions"
+        if start_positions is None:
+            given, missing = missing, given
+        raise ValueError(f"{given} was given without {missing}; the span loss needs both")
+    batch, length = start_logits.shape
+    positions = []
+    for name, tensor in (("start_positions", start_positions), ("end_positions", end_positions)):
+        if tensor.dim() > 1:  # (batch, 1), as data-parallel gathers give them
+            tensor = tensor.squeeze(-1)
+        if tuple(tensor.shape) != (batch,):
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected (batch,) = ({batch},)")
+        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer positions, got {tensor.dtype}")
+        positions.append(tensor.clamp(0, length))
+    loss_fct = CrossEntropyLoss(ignore_index=length)
+    return (loss_fct(start_logits, positions[0]) + loss_fct(end_logits, positions[1])) / 2
+
+
+class OrchidForQuestionAnswering(OrchidPreTrainedModel):
+    """Extractive question answering: a start and an end logit per token (BertForQuestionAnswering's head)."""
+
+    _auto_class = "AutoModelForQuestionAnswering"
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        if config.is_vision:
+            raise ValueError("OrchidForQuestionAnswering needs a text config (config.image_size must be None)")
+        self.orchid = OrchidModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> QuestionAnsweringModelOutput:
+        r"""start_positions, end_positions (`(batch,)`): the answer's first and last token. Positions past the
+        input are clamped to its length and ignored in the loss, as in BERT."""
+        reject_attention_arguments(output_attentions, head_mask)
+        outputs = self.orchid(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
+        loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        return QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states
+        )
+
+
+def flatten_choices(name: str, tensor: torch.Tensor | None, dims: int) -> torch.Tensor | None:
+    """``(batch, num_choices, ...)`` -> ``(batch * num_choices, ...)``; a ValueError for any other rank."""
+    if tensor is None:
+        return None
+    if tensor.dim() != dims:
+        shape = "(batch, num_choices, length" + (", hidden_size)" if dims == 4 else ")")
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+    return tensor.reshape(-1, *tensor.shape[2:])
+
+
+class OrchidForMultipleChoice(OrchidPreTrainedModel):
+    """One score per choice from each (context, choice) sequence, pooled as for sequence classification, and a
+    cross-entropy over the choices (BertForMultipleChoice's head)."""
+
+    _auto_class = "AutoModelForMultipleChoice"
+
+    def __init__(self, config: OrchidConfig):
+        super().__init__(config)
+        if config.is_vision:
+            raise ValueError("OrchidForMultipleChoice needs a text config (config.image_size must be None)")
+        self.orchid = OrchidModel(config)
+        self.pooler = OrchidSequencePooler(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> MultipleChoiceModelOutput:
+        r"""input_ids, attention_mask, token_type_ids, position_ids (`(batch, num_choices, length)`), inputs_embeds
+        (`(batch, num_choices, length, hidden_size)`): every choice as one sequence.
+        labels (`(batch,)`): the index of the right choice, in [0, num_choices)."""
+        reject_attention_arguments(output_attentions, head_mask)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        batch, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        attention_mask = flatten_choices("attention_mask", attention_mask, 3)
+        outputs = self.orchid(
+            flatten_choices("input_ids", input_ids, 3),
+            attention_mask=attention_mask,
+            token_type_ids=flatten_choices("token_type_ids", token_type_ids, 3),
+            position_ids=flatten_choices("position_ids", position_ids, 3),
+            inputs_embeds=flatten_choices("inputs_embeds", inputs_embeds, 4),
+            output_hidden_states=output_hidden_states,
+        )
+        pooled = self.pooler(outputs.last_hidden_state, attention_mask)
+        logits = self.classifier(self.dropout(pooled)).view(batch, num_choices)
+        loss = None
+        if labels is not None:
+            if tuple(labels.shape) != (batch,):
+                raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (batch,) = ({batch},)")
+            if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+                raise ValueError(f"labels must hold choice indices (integers), got {labels.dtype}")
+            low, high = labels.min().item(), labels.max().item()
+            if low < 0 or high >= num_choices:
+                raise ValueError(
+                    f"labels must lie in [0, num_choices={num_choices}), got values from {low} to {high}"
+                )
+            loss = CrossEntropyLoss()(logits, labels)
+        return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
 __all__ = [
     "OrchidPreTrainedModel",
     "OrchidModel",
@@ -657,4 +821,6 @@ __all__ = [
     "OrchidForSequenceClassification",
     "OrchidForTokenClassification",
     "OrchidForImageClassification",
+    "OrchidForQuestionAnswering",
+    "OrchidForMultipleChoice",
 ]

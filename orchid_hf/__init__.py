@@ -8,6 +8,8 @@ from transformers import (
     AutoModel,
     AutoModelForImageClassification,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
@@ -19,6 +21,8 @@ from .modeling import (
     OrchidConfig,
     OrchidForImageClassification,
     OrchidForMaskedLM,
+    OrchidForMultipleChoice,
+    OrchidForQuestionAnswering,
     OrchidForSequenceClassification,
     OrchidForTokenClassification,
     OrchidModel,
@@ -34,6 +38,8 @@ AutoModelForMaskedLM.register(OrchidConfig, OrchidForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(OrchidConfig, OrchidForSequenceClassification, exist_ok=True)
 AutoModelForTokenClassification.register(OrchidConfig, OrchidForTokenClassification, exist_ok=True)
 AutoModelForImageClassification.register(OrchidConfig, OrchidForImageClassification, exist_ok=True)
+AutoModelForQuestionAnswering.register(OrchidConfig, OrchidForQuestionAnswering, exist_ok=True)
+AutoModelForMultipleChoice.register(OrchidConfig, OrchidForMultipleChoice, exist_ok=True)
 
 __all__ = [
     "PRESETS",
@@ -41,6 +47,8 @@ __all__ = [
     "OrchidConfig",
     "OrchidForImageClassification",
     "OrchidForMaskedLM",
+    "OrchidForMultipleChoice",
+    "OrchidForQuestionAnswering",
     "OrchidForSequenceClassification",
     "OrchidForTokenClassification",
     "OrchidModel",

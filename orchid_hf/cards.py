@@ -4,6 +4,7 @@ pipeline tag) and usage snippets for both ways of loading the model. Text and im
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -20,6 +21,8 @@ PIPELINES: dict[str, tuple[str, str, str]] = {
     "token-classification": ("AutoModelForTokenClassification", "AutoTokenizer", '"anna flew from paris to rome ."'),
     "feature-extraction": ("AutoModel", "AutoTokenizer", '"an example sentence ."'),
     "image-classification": ("AutoModelForImageClassification", "AutoImageProcessor", '"image.png"'),
+    # A sentence-transformers folder (orchid_hf.embeddings): its snippets use SentenceTransformer, not a pipeline.
+    "sentence-similarity": ("SentenceTransformer", "AutoTokenizer", '["a cat sat on the mat .", "a dog ran ."]'),
 }
 
 
@@ -38,6 +41,8 @@ def usage_snippets(task: str, repo_id: str, example_input: str | None = None) ->
         raise ValueError(f"task must be one of {sorted(PIPELINES)}, got {task!r}")
     model_class, processor_class, default_input = PIPELINES[task]
     example = example_input if example_input is not None else default_input
+    if task == "sentence-similarity":
+        return _sentence_transformer_snippets(repo_id, example)
     installed = (
         "import orchid_hf  # registers the Orchid model type with the Auto classes\n"
         "from transformers import pipeline\n\n"
@@ -54,6 +59,43 @@ def usage_snippets(task: str, repo_id: str, example_input: str | None = None) ->
         + f"print(pipe({example}))"
     )
     return installed, remote
+
+
+def _sentence_transformer_snippets(repo_id: str, sentences: str) -> tuple[str, str]:
+    body = (
+        f"embeddings = model.encode({sentences})\n"
+        "print(model.similarity(embeddings, embeddings))"
+    )
+    installed = (
+        "import orchid_hf  # registers the Orchid model type with the Auto classes\n"
+        "from sentence_transformers import SentenceTransformer\n\n"
+        f'model = SentenceTransformer("{repo_id}")\n' + body
+    )
+    remote = (
+        "from sentence_transformers import SentenceTransformer\n\n"
+        f'model = SentenceTransformer("{repo_id}", trust_remote_code=True)\n' + body
+    )
+    return installed, remote
+
+
+def _embedding_settings(folder: Path) -> dict[str, object] | None:
+    """Pooling, dimension and input length of a sentence-transformers folder; None for a transformers folder."""
+    if not (folder / "modules.json").is_file():
+        return None
+    settings: dict[str, object] = {}
+    for module in json.loads((folder / "modules.json").read_text()):
+        config = folder / module.get("path", "") / "config.json"
+        if module["type"].endswith("Pooling") and config.is_file():
+            pooling = json.loads(config.read_text())
+            settings["pooling"] = pooling.get("pooling_mode", pooling)
+            settings["dimension"] = pooling.get("embedding_dimension")
+        elif module["type"].endswith("Normalize"):
+            settings["normalized"] = "yes (unit length)"
+    # sentence-transformers keeps the input length as the tokenizer's model_max_length.
+    tokenizer_config = folder / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        settings["max_seq_length"] = json.loads(tokenizer_config.read_text()).get("model_max_length")
+    return settings
 
 
 def _eval_result(result: EvalResult | Mapping, task: str) -> EvalResult:
@@ -87,7 +129,8 @@ def write_model_card(
     """Render the card of the model in ``folder`` and write it to ``folder/README.md``.
 
     task: the pipeline tag (fill-mask, text-classification, token-classification, feature-extraction,
-        image-classification); it selects the usage snippets.
+        image-classification, or sentence-similarity for a sentence-transformers folder, whose card gets an
+        "Embeddings" section: pooling, dimension, input length); it selects the usage snippets.
     results: ``huggingface_hub.EvalResult`` objects or dicts of their fields (``task_type`` defaults to
         ``task``); they become the model-index and the results table.
     datasets: Hub dataset ids for the metadata (local data is better described in ``training``).
@@ -103,6 +146,11 @@ def write_model_card(
     model_name = model_name or folder.name
     repo_id = repo_id or model_name
     eval_results = [_eval_result(result, task) for result in (results or [])]
+    embedding = _embedding_settings(folder) if task == "sentence-similarity" else None
+    if task == "sentence-similarity" and embedding is None:
+        raise ValueError(f"task 'sentence-similarity' needs a sentence-transformers folder (modules.json): {folder}")
+    if embedding is not None:
+        tags = ["sentence-transformers", "sentence-similarity", *(tags or [])]
     datasets = list(datasets or [])
     if language is None and task != "image-classification":
         language = "en"
@@ -112,7 +160,7 @@ def write_model_card(
         datasets=datasets or None,
         eval_results=eval_results or None,
         language=language,
-        library_name="transformers",
+        library_name="sentence-transformers" if embedding is not None else "transformers",
         license=license,
         metrics=sorted({result.metric_type for result in eval_results}) or None,
         pipeline_tag=task,
@@ -133,6 +181,7 @@ def write_model_card(
         training=dict(training or {}),
         results=eval_results,
         extra=extra,
+        embedding=embedding,
     )
     card.save(folder / "README.md")
     return card

@@ -6,6 +6,7 @@ scipy; the recipes, metrics, image pipeline and plots need more, grouped into ex
 | ``train`` | the MLM and GLUE recipes, metrics, model cards | datasets, evaluate, accelerate, jinja2 |
 | ``vision`` | the image-classification recipe | ``train``, ``plot``, Pillow, scikit-learn |
 | ``plot`` | figures (confusion matrices, benchmark and recall plots) | matplotlib |
+| ``embeddings`` | sentence embeddings (``orchid_hf.embeddings``) | sentence-transformers |
 | ``dev`` | the test suite and linting | all of the above, pytest, ruff, peft |
 
 :func:`require_extra` imports a module of one of them, or says which extra to install.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-EXTRAS = ("train", "vision", "plot", "dev")
+EXTRAS = ("train", "vision", "plot", "embeddings", "dev")
 
 
 def require_extra(module: str, extra: str) -> ModuleType:

@@ -80,7 +80,9 @@ def test_save_pretrained_writes_safetensors_and_the_remote_code(saved_heads):
         assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")) for f in files), files
         assert {"configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py", "config.json"} <= files
         auto_map = json.loads((saved_heads / name / "config.json").read_text())["auto_map"]
-        assert set(auto_map) == {auto for _, auto, _ in HEADS.values()} | {"AutoConfig"}
+        # The question-answering and multiple-choice heads are saved and loaded in tests/test_heads_qa_mc.py.
+        other_heads = {"AutoModelForQuestionAnswering", "AutoModelForMultipleChoice"}
+        assert set(auto_map) == {auto for _, auto, _ in HEADS.values()} | other_heads | {"AutoConfig"}
 
 
 REMOTE_LOADER = textwrap.dedent(
@@ -112,7 +114,10 @@ REMOTE_LOADER = textwrap.dedent(
         expected = tensors.pop("expected")
         with torch.no_grad():
             output = model(**tensors)
-        got = output.logits if hasattr(output, "logits") else output.last_hidden_state
+        if hasattr(output, "start_logits"):  # question answering: both logits, stacked
+            got = torch.stack([output.start_logits, output.end_logits])
+        else:
+            got = output.logits if hasattr(output, "logits") else output.last_hidden_state
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
         layers = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".orchid_layers"]
         print("remote-ok", name, type(model).__name__, "dct:" + ("torch" if layers.scipy_fft is None else "pocketfft"))
