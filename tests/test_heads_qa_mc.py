@@ -222,6 +222,7 @@ def test_masked_lm_checkpoint_loads_initialising_only_the_head(auto_class, head_
         torch.testing.assert_close(model.orchid.state_dict()[name], tensor)
 
 
+@pytest.mark.slow
 def test_saved_heads_load_as_remote_code_without_orchid_hf(tmp_path, hf_modules_cache):
     heads = {
         "question_answering": (OrchidForQuestionAnswering, "AutoModelForQuestionAnswering", qa_inputs),
@@ -298,6 +299,7 @@ def span_features(tokenizer, questions):
     return encoded, features
 
 
+@pytest.mark.slow
 def test_trainer_learns_answer_spans_and_offsets_give_the_answer_text(tmp_path, one_thread):
     tokenizer = train_wordpiece_tokenizer(CORPUS, vocab_size=97)
     config = tiny_text_config(vocab_size=len(tokenizer))

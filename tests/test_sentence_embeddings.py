@@ -76,6 +76,7 @@ def test_retrieval_task_has_every_chapter_whole_and_queries_pointing_to_theirs(n
         retrieval_task(chapters, tokenizer, queries_per_chapter=0)
 
 
+@pytest.mark.slow
 def test_the_script_trains_and_evaluates_both_models_and_reports(novels, tmp_path):
     common = ["--novels", *(str(novels / f"{name}.txt") for name in NOVELS), "--held_out", "gamma",
               "--vocab_dir", str(novels / "vocab"), "--hidden_size", "32", "--num_hidden_layers", "1",

@@ -192,6 +192,7 @@ def retrieval_accuracy(st):
     return (st.similarity(anchors, positives).argmax(dim=1) == torch.arange(len(PAIRS))).float().mean().item()
 
 
+@pytest.mark.slow
 def test_train_with_multiple_negatives_ranking_loss_then_save_and_load(
     saved_encoder, tmp_path, hf_modules_cache, one_thread
 ):
