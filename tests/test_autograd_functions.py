@@ -82,6 +82,7 @@ def mlm_loss_and_grads(model, ids, mask, labels):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 def test_model_gradients_equal_the_written_out_glu():
     """The whole masked-LM model, loss and every parameter's gradient, against the same weights with the GLU written
     out as autograd would record it (float32, 1e-5)."""
@@ -166,6 +167,7 @@ def test_model_gradients_equal_the_written_out_long_convolutions(transform, cond
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-6, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 def test_the_operator_gradgradcheck_through_the_recomputed_long_convolutions(transform):
     torch.manual_seed(0)

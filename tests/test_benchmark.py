@@ -442,6 +442,7 @@ def test_saved_bytes_per_layer_counts_what_one_layer_saves_for_backward():
     assert per_layer == measure.saved_storage_bytes(model.orchid.encoder.layer[0], hidden) > 0
 
 
+@pytest.mark.slow
 def test_train_checkpointing_adds_a_candidate_with_the_plain_models_gradients():
     settings = quick_settings("--train-checkpointing")
     assert candidates.candidates_in("train_model", "forward_backward", settings) == [

@@ -58,6 +58,7 @@ def test_demo_data_layout(tmp_path):
     assert all(paths[k].read_text() == again[k].read_text() for k in paths)
 
 
+@pytest.mark.slow
 def test_miniature_demo_runs_end_to_end(tmp_path):
     spec = importlib.util.spec_from_file_location("demo", ROOT / "scripts" / "demo.py")
     demo = importlib.util.module_from_spec(spec)

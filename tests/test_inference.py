@@ -30,7 +30,7 @@ from .test_models import tiny_text_config
 TEXT_HEADS = [OrchidModel, OrchidForMaskedLM, OrchidForSequenceClassification, OrchidForTokenClassification]
 
 
-@pytest.fixture(params=["short inputs", "long inputs"])
+@pytest.fixture(params=["short inputs", pytest.param("long inputs", marks=pytest.mark.slow)])
 def input_size(request, monkeypatch):
     """Tiny sizes take the paths of long inputs with these settings: channel groups of 3 (the last one narrower),
     transforms on halves of a group after an in-place short convolution in chunks of one position, out_proj and the
@@ -99,6 +99,7 @@ def test_fast_path_equals_the_plain_model_for_other_settings(overrides, input_si
     torch.testing.assert_close(fast(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fast_path_equals_the_plain_model_on_images_at_the_imagenet_geometry():
     # orchid-vit-imagenet's sequence (14 x 14 = 196 patches, short convolutions of 5, a block-diagonal MLP) at the
     # default settings, wide enough for channel groups of 32: from batch 42 on, each group's short convolution runs in
