@@ -308,7 +308,7 @@ class OrchidPreTrainedModel(PreTrainedModel):
         """BERT's initialisation for projections, embeddings and norms (the block-diagonal MLP's blocks are
         ``nn.Linear`` and get it too; ``word_embedding_init_std``, when set, for the word embeddings); PyTorch's
         defaults inside the operator's short convolutions and implicit filters, whose scale the sine activations and
-        decay rely on."""
+        decay rely on; the buffers derived from the config computed afresh (:class:`DerivedBuffers`)."""
         super()._init_weights(module)
         if isinstance(module, ShortConvolution):
             # With BERT's std 0.02 the gates s1, s2 and the value v would start near zero and their product, the
@@ -453,10 +453,22 @@ class OrchidModel(OrchidPreTrainedModel):
         self.check_config_unchanged()
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
+        text_inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "position_ids": position_ids,
+            "inputs_embeds": inputs_embeds,
+        }
         if self.config.is_vision:
             if pixel_values is None:
                 raise ValueError("this is an image model (config.image_size is set): pass pixel_values")
+            given = [name for name, value in text_inputs.items() if value is not None]
+            if given:
+                raise ValueError(f"this is an image model (config.image_size is set): {given} do not apply to it")
             return self.encoder(self.embeddings(pixel_values), None, output_hidden_states)
+        if pixel_values is not None:
+            raise ValueError("this is a text model (config.image_size is not set): pixel_values do not apply to it")
         self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         order = front_packing_order(attention_mask)
         if order is not None:

@@ -14,6 +14,7 @@ that it ships to the Hub as remote code.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -736,9 +737,12 @@ class OrchidOperator(nn.Module):
             raise ValueError(f"OrchidOperator.d_model must be a positive integer, got {d_model!r}")
         if not is_integer(max_len) or max_len < 1:
             raise ValueError(f"OrchidOperator.max_len must be a positive integer, got {max_len!r}")
-        unknown = sorted(set(settings) - {field.name for field in fields(OperatorSettings)})
+        names = [field.name for field in fields(OperatorSettings)]
+        unknown = sorted(set(settings) - set(names))
         if unknown:
-            raise ValueError(f"OrchidOperator got unknown settings {unknown}")
+            closest = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.8)
+            hint = f"; did you mean {closest[0]!r}?" if closest else f"; the settings are {names}"
+            raise ValueError(f"OrchidOperator got unknown settings {unknown}{hint}")
         self.settings = OperatorSettings(**settings)
         self.settings.check_settings()
         s = self.settings

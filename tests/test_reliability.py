@@ -305,6 +305,9 @@ def test_derived_buffers_are_not_saved_and_half_precision_loads_run(head, tmp_pa
     assert not any(name in model.state_dict() for name in derived_buffers(model))
     loaded = head.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
     assert loaded.get_input_embeddings().weight.dtype == torch.bfloat16
+    fresh = build(head)
+    for name, buffer in derived_buffers(loaded).items():
+        assert buffer.dtype == torch.float32 and torch.equal(buffer, dict(fresh.named_buffers())[name]), name
     with torch.no_grad():
         out = main_output(loaded(**model_inputs(head)))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
@@ -429,3 +432,41 @@ def test_peft_lora_with_a_task_type_trains(task_type, head, tmp_path, one_thread
     before = {name: p.detach().clone() for name, p in wrapped.named_parameters() if p.requires_grad}
     Trainer(model=wrapped, args=args, train_dataset=Dataset.from_list(rows)).train()
     assert any(not torch.equal(before[name], p) for name, p in wrapped.named_parameters() if p.requires_grad)
+
+
+def test_editing_vocab_size_without_resizing_the_embeddings_is_an_error():
+    model = build(OrchidForMaskedLM)
+    model.config.vocab_size = 120
+    with pytest.raises(ValueError, match=r"config.vocab_size=120 but the word embeddings have 97 rows"):
+        model(input_ids=torch.full((1, 4), 110))
+
+
+def test_single_label_classification_refuses_float_labels():
+    model = build(OrchidForSequenceClassification, problem_type="single_label_classification")
+    with pytest.raises(ValueError, match=r"labels must hold integer class ids, got torch.float32"):
+        model(**text_batch(), labels=torch.tensor([0.0, 1.0]))
+
+
+def test_a_mask_with_nan_is_refused():
+    model = build(OrchidModel)
+    inputs = text_batch()
+    inputs["attention_mask"] = inputs["attention_mask"].float()
+    inputs["attention_mask"][0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"attention_mask must hold 1 for real tokens and 0 for padding"):
+        model(**inputs)
+
+
+def test_a_misspelt_operator_setting_names_the_closest_setting():
+    from orchid_hf import OrchidOperator
+
+    with pytest.raises(ValueError, match=r"unknown settings \['transfrom'\]; did you mean 'transform'"):
+        OrchidOperator(16, 8, transfrom="fft")
+
+
+def test_inputs_of_the_other_modality_are_refused():
+    image_model = OrchidModel(tiny_image_config()).eval()
+    with pytest.raises(ValueError, match=r"image model .*\['attention_mask'\] do not apply"):
+        image_model(pixel_values=torch.randn(2, 3, 16, 16), attention_mask=torch.ones(2, 16))
+    text_model = build(OrchidModel)
+    with pytest.raises(ValueError, match=r"text model .*pixel_values do not apply"):
+        text_model(**text_batch(), pixel_values=torch.randn(2, 3, 16, 16))
