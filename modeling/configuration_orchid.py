@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import math
+import warnings
+from dataclasses import fields
 from typing import ClassVar
 
 from transformers.activations import ACT2FN
@@ -12,6 +15,23 @@ from .orchid_layers import OperatorSettings, is_integer
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+# Keyword arguments PreTrainedConfig takes besides its fields (it turns them into attributes or drops them).
+TRANSFORMERS_KEYWORDS = (
+    "num_labels", "torch_dtype", "name_or_path", "output_attentions", "attn_implementation", "experts_implementation",
+    "auto_map",
+)
+# The fields a model reads when it is built. Edited on a built model's config, one would change nothing in memory but
+# change the model saved and reloaded: the models refuse to run or save after such an edit
+# (OrchidPreTrainedModel.check_config_unchanged). Not here: vocab_size (resize_token_embeddings changes it with the
+# embeddings; checked against them), num_labels (checked against the classifier), pad_token_id, the initialisation,
+# the label names and transformers' runtime switches.
+BUILD_FIELDS = (
+    *(field.name for field in fields(OperatorSettings)),
+    "hidden_size", "num_hidden_layers", "intermediate_size", "hidden_act", "hidden_dropout_prob",
+    "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pre_norm", "mlp_type", "mlp_num_blocks",
+    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels", "chunk_size_feed_forward",
+)  # fmt: skip
 
 # The CIFAR-10 models of Table 4.5 / C.3 differ only in width. As for ImageNet (Sec. 4.3), the MLPs are block-diagonal
 # (4 blocks, width ratio 4, as ViT) and each layer has a residual long convolution. The paper gives neither the MLP's
@@ -171,8 +191,34 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        # transformers keeps unknown keywords as attributes on purpose (custom fields; keys of configs saved by other
+        # versions), so a misspelt field cannot be an error here: it is a warning naming the field meant.
+        for name in kwargs:
+            if not self.is_field_name(name):
+                closest = self.closest_field(name)
+                if closest is not None:
+                    warnings.warn(
+                        f"OrchidConfig got {name!r}, which is not one of its fields; did you mean {closest!r}? "
+                        f"It is kept as an attribute and changes nothing in the model.",
+                        UserWarning,
+                        stacklevel=4,
+                    )
         super().__post_init__(**kwargs)
         self._check_values()
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [field.name for field in fields(cls)]
+
+    @classmethod
+    def is_field_name(cls, name: str) -> bool:
+        """Whether ``name`` is a field of the config or a keyword transformers' config takes besides its fields."""
+        return name in cls.field_names() or name in TRANSFORMERS_KEYWORDS
+
+    @classmethod
+    def closest_field(cls, name: str) -> str | None:
+        matches = difflib.get_close_matches(name, cls.field_names() + list(TRANSFORMERS_KEYWORDS), n=1, cutoff=0.8)
+        return matches[0] if matches else None
 
     @classmethod
     def preset_names(cls) -> list[str]:
@@ -183,6 +229,11 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
         """The configuration of a named model of the paper, with any field overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}")
+        for key in overrides:
+            if not cls.is_field_name(key):
+                closest = cls.closest_field(key)
+                hint = f"; did you mean {closest!r}?" if closest else " (OrchidConfig.field_names() lists them)"
+                raise ValueError(f"{key!r} is not a field of OrchidConfig{hint}")
         return cls(**{**PRESETS[name], **overrides})
 
     @property
@@ -270,6 +321,8 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
                 )
         if self.num_labels is not None and self.num_labels < 1:
             raise ValueError(f"OrchidConfig.num_labels must be >= 1, got {self.num_labels}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"OrchidConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
 
 
 def is_number(value) -> bool:

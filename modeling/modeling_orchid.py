@@ -27,18 +27,21 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_orchid import OrchidConfig
+from .configuration_orchid import BUILD_FIELDS, PROBLEM_TYPES, OrchidConfig
 from .orchid_layers import (
     BlockDiagonalLinear,
+    DerivedBuffers,
     GatedActivation,
     ImplicitFilter,
     OrchidOperator,
     ShortConvolution,
     Sin,
     check_attention_mask,
+    check_values,
     front_packing_order,
     gather_rows,
     scatter_rows,
+    value_range,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -90,23 +93,24 @@ def sinusoidal_position_embeddings_2d(grid_size: int, dim: int) -> torch.Tensor:
     return torch.cat([col_angles.sin(), col_angles.cos(), row_angles.sin(), row_angles.cos()], dim=1)
 
 
-class OrchidPatchEmbeddings(nn.Module):
-    """Non-overlapping patches (a convolution with stride = patch size) plus fixed sinusoidal positions."""
+class OrchidPatchEmbeddings(DerivedBuffers):
+    """Non-overlapping patches (a convolution with stride = patch size) plus fixed sinusoidal positions (a derived
+    buffer: float32 and exact whatever the model's dtype, see :class:`DerivedBuffers`)."""
 
     def __init__(self, config: OrchidConfig):
         super().__init__()
         self.image_size = config.image_size
         self.num_channels = config.num_channels
+        self.hidden_size = config.hidden_size
         self.grid_size = config.image_size // config.patch_size
         self.projection = nn.Conv2d(
             config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
         )
-        self.register_buffer(
-            "position_embeddings",
-            sinusoidal_position_embeddings_2d(self.grid_size, config.hidden_size),
-            persistent=False,
-        )
+        self.register_buffer("position_embeddings", self.derived_buffers()["position_embeddings"], persistent=False)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"position_embeddings": sinusoidal_position_embeddings_2d(self.grid_size, self.hidden_size)}
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         expected = (self.num_channels, self.image_size, self.image_size)
@@ -149,7 +153,12 @@ class OrchidMLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
-        if self.is_glu:
+        if self.is_glu and torch.compiler.is_compiling():
+            # The compiler cannot trace GatedActivation's backward (torch.autograd.grad inside it) and plans the
+            # memory of the written-out GLU itself.
+            gate, value = hidden_states.chunk(2, dim=-1)
+            hidden_states = self.act(gate) * value
+        elif self.is_glu:
             hidden_states = GatedActivation.apply(hidden_states, self.act)
         else:
             hidden_states = self.act(hidden_states)
@@ -231,6 +240,50 @@ class OrchidPreTrainedModel(PreTrainedModel):
     # The implicit filters' sine features of the lag and the conditioning network, which feeds the transforms, stay
     # in float32 when a checkpoint is loaded in half precision.
     _keep_in_fp32_modules_strict = ["static_filter", "residual_filter", "conditioning"]
+    # The losses are means over the batch: Trainer divides them by its gradient accumulation steps itself (a forward
+    # that takes **kwargs would otherwise make it expect num_items_in_batch to be used).
+    accepts_loss_kwargs = False
+    # The layer whose outputs are the classes, checked against config.num_labels (None: a head without one).
+    num_labels_layer: str | None = None
+
+    def __init__(self, config: OrchidConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        # The settings this model is built from: see check_config_unchanged.
+        self.built_settings = {name: getattr(self.config, name) for name in BUILD_FIELDS}
+
+    def check_config_unchanged(self) -> None:
+        """A ValueError if a setting this model was built from has been edited on its config since.
+
+        The model in memory does not follow such an edit, but a copy saved and reloaded would be built from the edited
+        config: the two would differ. The forward passes and ``save_pretrained`` refuse to go on. ``vocab_size``
+        (which ``resize_token_embeddings`` changes with the embeddings) and ``num_labels`` are checked against the
+        layers themselves; the label names, ``problem_type``, ``pad_token_id`` and transformers' runtime switches
+        (``return_dict``, ``output_hidden_states``, ``use_cache``, the dtype, ...) stay free to edit.
+        """
+        config = self.config
+        for name, built in self.built_settings.items():
+            current = getattr(config, name, None)
+            if current != built:
+                raise ValueError(
+                    f"config.{name}={current!r} but this model was built with {name}={built!r}; a setting a model is "
+                    "built from cannot change afterwards (the model in memory would not follow it, a saved and "
+                    "reloaded copy would). Build a new model from the edited config, or set the value back."
+                )
+        # peft wraps the layer it trains whole (modules_to_save); the wrapper passes out_features on.
+        outputs = None if self.num_labels_layer is None else getattr(self, self.num_labels_layer).out_features
+        if outputs is not None:
+            if config.num_labels != outputs:
+                raise ValueError(
+                    f"config.num_labels={config.num_labels} but the {self.num_labels_layer} has {outputs} outputs; "
+                    "build a new model with num_labels set (from_pretrained(..., num_labels=n, "
+                    "ignore_mismatched_sizes=True) for a checkpoint), or replace the layer as well"
+                )
+
+    def save_pretrained(self, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, refusing a config that no longer describes the model
+        (:meth:`check_config_unchanged`)."""
+        self.check_config_unchanged()
+        return super().save_pretrained(*args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -257,7 +310,7 @@ class OrchidPreTrainedModel(PreTrainedModel):
         """BERT's initialisation for projections, embeddings and norms (the block-diagonal MLP's blocks are
         ``nn.Linear`` and get it too; ``word_embedding_init_std``, when set, for the word embeddings); PyTorch's
         defaults inside the operator's short convolutions and implicit filters, whose scale the sine activations and
-        decay rely on."""
+        decay rely on; the buffers derived from the config computed afresh (:class:`DerivedBuffers`)."""
         super()._init_weights(module)
         if isinstance(module, ShortConvolution):
             # With BERT's std 0.02 the gates s1, s2 and the value v would start near zero and their product, the
@@ -275,8 +328,6 @@ class OrchidPreTrainedModel(PreTrainedModel):
                 elif isinstance(layer, Sin):
                     init.constant_(layer.frequency, module.sin_frequency)
             init.normal_(module.skip)
-            init.copy_(module.lag_features, module.make_lag_features())
-            init.copy_(module.envelope, module.make_envelope())
         elif (
             self.config.word_embedding_init_std is not None
             and not self.config.is_vision
@@ -293,10 +344,9 @@ class OrchidPreTrainedModel(PreTrainedModel):
             bound = math.sqrt(6.0 / (fan_in + fan_out))
             init.uniform_(weight, -bound, bound)
             init.zeros_(module.projection.bias)
-            init.copy_(
-                module.position_embeddings,
-                sinusoidal_position_embeddings_2d(module.grid_size, module.position_embeddings.shape[-1]),
-            )
+        if isinstance(module, DerivedBuffers):
+            for name, value in module.derived_buffers().items():
+                init.copy_(getattr(module, name), value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +355,8 @@ class OrchidPreTrainedModel(PreTrainedModel):
 
 
 def check_ids(name: str, ids: torch.Tensor | None, shape: tuple[int, int], size: int, size_name: str) -> None:
-    """A ValueError unless ``ids`` is None or an integer tensor of ``shape`` with values in [0, size)."""
+    """A ValueError unless ``ids`` is None or an integer tensor of ``shape`` with values in [0, size); compiled and
+    exported, an assertion in the graph (:func:`check_values`)."""
     if ids is None:
         return
     if tuple(ids.shape) != tuple(shape):
@@ -313,9 +364,48 @@ def check_ids(name: str, ids: torch.Tensor | None, shape: tuple[int, int], size:
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"{name} must hold integer ids, got {ids.dtype}")
     if ids.numel():
-        low, high = ids.min().item(), ids.max().item()
-        if low < 0 or high >= size:
-            raise ValueError(f"{name} must lie in [0, {size_name}={size}), got values from {low} to {high}")
+        rule = f"{name} must lie in [0, {size_name}={size})"
+        check_values((ids >= 0) & (ids < size), rule, lambda: f"{rule}, got {value_range(ids)}")
+
+
+# transformers' keyword arguments that ask an attention model for something an Orchid encoder has no part for: None
+# (or False) is accepted and means nothing here; anything else is a ValueError saying why.
+UNSUPPORTED_KEYWORDS = {
+    "head_mask": "Orchid has no attention heads to mask",
+    "encoder_hidden_states": "Orchid is an encoder without cross-attention",
+    "encoder_attention_mask": "Orchid is an encoder without cross-attention",
+    "past_key_values": "Orchid is an encoder and keeps no cache",
+    "cache": "Orchid is an encoder and keeps no cache",
+    "output_router_logits": "Orchid has no mixture of experts",
+    "is_causal": "Orchid is a bidirectional encoder",
+    "cu_seq_lens_q": "Orchid takes padded batches, not packed sequences",
+    "cu_seq_lens_k": "Orchid takes padded batches, not packed sequences",
+    "max_length_q": "Orchid takes padded batches, not packed sequences",
+    "max_length_k": "Orchid takes padded batches, not packed sequences",
+    "seq_idx": "Orchid takes padded batches, not packed sequences",
+    "num_items_in_batch": "Orchid's losses are means over the batch",
+    "interpolate_pos_encoding": "Orchid image models take images of config.image_size only",
+}
+# Keyword arguments accepted with any value and ignored: an encoder has no cache to use.
+IGNORED_KEYWORDS = ("use_cache",)
+
+
+def check_forward_keywords(output_attentions: bool | None, kwargs: dict) -> None:
+    """The keyword arguments transformers and peft pass to a model's ``forward`` beyond its own: a ValueError where
+    one asks for what Orchid cannot give (``output_attentions=True``, a ``head_mask``, ...), a TypeError for a name
+    no model takes, as Python gives for any function. Every ``forward`` of the model family calls this."""
+    if output_attentions:
+        raise ValueError(
+            "output_attentions=True: Orchid has no attention maps (its sequence mixer is a long convolution); "
+            "output_hidden_states=True gives the hidden states of every layer"
+        )
+    for name, value in kwargs.items():
+        if name in IGNORED_KEYWORDS:
+            continue
+        if name not in UNSUPPORTED_KEYWORDS:
+            raise TypeError(f"forward() got an unexpected keyword argument {name!r}")
+        if value is not None and value is not False:
+            raise ValueError(f"{name}: {UNSUPPORTED_KEYWORDS[name]}; pass None or leave it out")
 
 
 class OrchidModel(OrchidPreTrainedModel):
@@ -348,6 +438,9 @@ class OrchidModel(OrchidPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> BaseModelOutput:
         r"""
         input_ids (`(batch, length)`), inputs_embeds (`(batch, length, hidden_size)`): text input, one of the two.
@@ -356,13 +449,28 @@ class OrchidModel(OrchidPreTrainedModel):
             and back, and every Orchid operator sets padded positions to zero before mixing.
         pixel_values (`(batch, num_channels, image_size, image_size)`): image input, for vision configs.
         output_hidden_states: also return the input of every layer and the final output.
+        output_attentions, return_dict and transformers' other keyword arguments: see ``check_forward_keywords``.
         """
+        check_forward_keywords(output_attentions, kwargs)
+        self.check_config_unchanged()
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
+        text_inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "position_ids": position_ids,
+            "inputs_embeds": inputs_embeds,
+        }
         if self.config.is_vision:
             if pixel_values is None:
                 raise ValueError("this is an image model (config.image_size is set): pass pixel_values")
+            given = [name for name, value in text_inputs.items() if value is not None]
+            if given:
+                raise ValueError(f"this is an image model (config.image_size is set): {given} do not apply to it")
             return self.encoder(self.embeddings(pixel_values), None, output_hidden_states)
+        if pixel_values is not None:
+            raise ValueError("this is a text model (config.image_size is not set): pixel_values do not apply to it")
         self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         order = front_packing_order(attention_mask)
         if order is not None:
@@ -415,6 +523,12 @@ class OrchidModel(OrchidPreTrainedModel):
             raise ValueError(
                 f"the input has length {shape[1]} > max_position_embeddings={config.max_position_embeddings}"
             )
+        rows = self.embeddings.word_embeddings.num_embeddings
+        if config.vocab_size != rows:
+            raise ValueError(
+                f"config.vocab_size={config.vocab_size} but the word embeddings have {rows} rows; "
+                "resize_token_embeddings changes both"
+            )
         check_ids("input_ids", input_ids, shape, config.vocab_size, "vocab_size")
         if token_type_ids is not None and config.type_vocab_size == 0:
             raise ValueError("token_type_ids were given, but the model has no token types (type_vocab_size=0)")
@@ -429,8 +543,44 @@ class OrchidModel(OrchidPreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Regression, single-label or multi-label loss, the problem type inferred as BertForSequenceClassification does."""
+def check_label_shape(labels: torch.Tensor, shape: tuple[int, ...], axes: str, name: str = "labels") -> None:
+    """A ValueError unless ``labels`` has ``shape``, whose axes ``axes`` names (e.g. ``"batch, length"``)."""
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(labels.shape)}, expected ({axes}) = {tuple(shape)}")
+
+
+def check_classification_labels(
+    labels: torch.Tensor,
+    shape: tuple[int, ...],
+    axes: str,
+    num_classes: int,
+    count_name: str = "num_labels",
+    name: str = "labels",
+    ignore_index: int | None = -100,
+) -> None:
+    """A ValueError unless ``labels`` are integer class ids of ``shape`` (its axes named by ``axes``) in
+    ``[0, num_classes)``, or ``ignore_index`` (positions without a loss, as ``CrossEntropyLoss`` reads -100). The
+    message names the labels' range and ``count_name=num_classes``. Compiled, the range check is an assertion in the
+    graph (:func:`check_values`)."""
+    check_label_shape(labels, shape, axes, name)
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer class ids, got {labels.dtype}")
+    if not labels.numel():
+        return
+    valid = (labels >= 0) & (labels < num_classes)
+    counted = torch.ones_like(valid)
+    if ignore_index is not None:
+        counted = labels != ignore_index
+        valid = valid | ~counted
+    rule = f"{name} must lie in [0, {count_name}={num_classes})"
+    if ignore_index is not None:
+        rule += f" or be {ignore_index} (no loss)"
+    check_values(valid, rule, lambda: f"{rule}, got {value_range(labels[counted])}")
+
+
+def resolve_problem_type(config: OrchidConfig, labels: torch.Tensor) -> str:
+    """``config.problem_type``, inferred and set on first use as BertForSequenceClassification does: regression for
+    one label, single-label for integer labels, else multi-label. An unknown value is a ValueError."""
     if config.problem_type is None:
         if config.num_labels == 1:
             config.problem_type = "regression"
@@ -438,10 +588,34 @@ def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torc
             config.problem_type = "single_label_classification"
         else:
             config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
-    if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, config.num_labels), labels.view(-1))
+    if config.problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"config.problem_type={config.problem_type!r} is not one of {PROBLEM_TYPES}")
+    return config.problem_type
+
+
+def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of one prediction per example, ``logits`` (batch, num_labels), for ``config``'s problem type
+    (:func:`resolve_problem_type`): MSE for regression, cross-entropy for single-label classes (-100: no loss),
+    binary cross-entropy for multi-label targets in [0, 1]. Labels of another shape or range are a ValueError."""
+    problem_type = resolve_problem_type(config, labels)
+    batch, num_labels = logits.shape
+    one_per_example = problem_type == "single_label_classification" or (
+        problem_type == "regression" and num_labels == 1
+    )
+    if one_per_example and tuple(labels.shape) == (batch, 1):  # (batch,), or (batch, 1) as many datasets give it
+        labels = labels.view(batch)
+    if problem_type == "regression":
+        if num_labels == 1:
+            check_label_shape(labels, (batch,), "batch,")
+            return MSELoss()(logits.view(batch), labels.to(logits.dtype))
+        check_label_shape(labels, (batch, num_labels), "batch, num_labels")
+        return MSELoss()(logits, labels.to(logits.dtype))
+    if problem_type == "single_label_classification":
+        check_classification_labels(labels, (batch,), "batch,", num_labels)
+        return CrossEntropyLoss()(logits, labels)
+    check_label_shape(labels, (batch, num_labels), "batch, num_labels")
+    rule = "multi-label targets must lie in [0, 1]"
+    check_values((labels >= 0) & (labels <= 1), rule, lambda: f"{rule}, got {value_range(labels)}")
     return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
 
 
@@ -450,9 +624,7 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ``CrossEntropyLoss()`` over all positions gives it, value and gradients alike. The log-softmax runs over the
     labelled positions only: over the others it would be computed and then ignored, and under 15% masking they are
     most of the positions."""
-    if labels.shape != logits.shape[:-1]:
-        expected = tuple(logits.shape[:-1])
-        raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (batch, length) = {expected}")
+    check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1], "vocab_size")
     loss_fct = CrossEntropyLoss()
     labels = labels.reshape(-1)
     labelled = labels != loss_fct.ignore_index
@@ -501,6 +673,9 @@ class OrchidForMaskedLM(OrchidPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> MaskedLMOutput:
         r"""labels (`(batch, length)`): token ids to predict; -100 marks positions without a loss."""
         outputs = self.orchid(
@@ -510,6 +685,9 @@ class OrchidForMaskedLM(OrchidPreTrainedModel):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None if labels is None else masked_lm_loss(logits, labels)
@@ -543,6 +721,7 @@ class OrchidSequencePooler(nn.Module):
 
 class OrchidForSequenceClassification(OrchidPreTrainedModel):
     _auto_class = "AutoModelForSequenceClassification"
+    num_labels_layer = "classifier"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
@@ -566,8 +745,12 @@ class OrchidForSequenceClassification(OrchidPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> SequenceClassifierOutput:
         r"""labels (`(batch,)`): class ids, float targets for regression (num_labels = 1), or multi-hot floats."""
+        self.check_config_unchanged()
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
@@ -575,6 +758,9 @@ class OrchidForSequenceClassification(OrchidPreTrainedModel):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
         )
         pooled = self.pooler(outputs.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled))
@@ -584,6 +770,7 @@ class OrchidForSequenceClassification(OrchidPreTrainedModel):
 
 class OrchidForTokenClassification(OrchidPreTrainedModel):
     _auto_class = "AutoModelForTokenClassification"
+    num_labels_layer = "classifier"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
@@ -606,8 +793,12 @@ class OrchidForTokenClassification(OrchidPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> TokenClassifierOutput:
         r"""labels (`(batch, length)`): a class id per token; -100 marks positions without a loss."""
+        self.check_config_unchanged()
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
@@ -615,11 +806,15 @@ class OrchidForTokenClassification(OrchidPreTrainedModel):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+            check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1])
+            loss = CrossEntropyLoss()(logits.view(-1, logits.shape[-1]), labels.view(-1))
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 
@@ -628,6 +823,7 @@ class OrchidForImageClassification(OrchidPreTrainedModel):
 
     _auto_class = "AutoModelForImageClassification"
     main_input_name = "pixel_values"
+    num_labels_layer = "classifier"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
@@ -644,9 +840,19 @@ class OrchidForImageClassification(OrchidPreTrainedModel):
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> ImageClassifierOutput:
         r"""labels (`(batch,)`): class ids (or multi-hot floats for multi-label problems)."""
-        outputs = self.orchid(pixel_values=pixel_values, output_hidden_states=output_hidden_states)
+        self.check_config_unchanged()
+        outputs = self.orchid(
+            pixel_values=pixel_values,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
+        )
         logits = self.classifier(outputs.last_hidden_state.mean(dim=1))
         loss = classification_loss(self.config, logits, labels) if labels is not None else None
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)

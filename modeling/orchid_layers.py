@@ -14,7 +14,9 @@ that it ships to the Hub as remote code.
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -249,19 +251,38 @@ def channel_groups(channels: int, tokens: int) -> list[slice]:
     return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
 
 
+def check_values(valid: torch.Tensor, message: str, eager_message: Callable[[], str] | None = None) -> None:
+    """A ValueError unless every element of the boolean tensor ``valid`` is True: with ``eager_message()`` (which may
+    read the offending values) or ``message``.
+
+    Under torch.compile and torch.export a graph cannot raise on data, and reading a value (``.item()``, ``bool()``)
+    would break the graph or stop the export. There the check is an assertion inside the graph
+    (``torch._assert_async``), which stops the run with a RuntimeError carrying ``message``; on a GPU it is a
+    device-side assertion."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(valid.all(), message)
+    elif not bool(valid.all()):
+        raise ValueError(eager_message() if eager_message is not None else message)
+
+
+def value_range(values: torch.Tensor) -> str:
+    """"values from LOW to HIGH" of a non-empty tensor, for error messages (eager only: it reads the values)."""
+    return f"values from {values.min().item()} to {values.max().item()}"
+
+
 def check_attention_mask(attention_mask: torch.Tensor, shape: tuple[int, int], name: str = "attention_mask"):
-    """A ValueError unless ``attention_mask`` has ``shape`` and holds only 0 and 1 (bool, integer or float)."""
+    """A ValueError unless ``attention_mask`` has ``shape`` and holds only 0 and 1 (bool, integer or float); compiled
+    and exported, an assertion in the graph (:func:`check_values`), so that a mask is never misread."""
     if tuple(attention_mask.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected (batch, length) = {tuple(shape)}")
-    # Not under torch.compile, where a graph cannot raise on data.
-    if attention_mask.dtype != torch.bool and attention_mask.numel() and not torch.compiler.is_compiling():
-        binary = (attention_mask == 0) | (attention_mask == 1)
-        if not bool(binary.all()):
-            bad = attention_mask[~binary]
-            raise ValueError(
-                f"{name} must hold 1 for real tokens and 0 for padding (bool, integer or float), got values from "
-                f"{bad.min().item()} to {bad.max().item()}; additive masks (0 / -10000 or -inf) are not accepted"
-            )
+    if attention_mask.dtype == torch.bool or not attention_mask.numel():
+        return
+    binary = (attention_mask == 0) | (attention_mask == 1)
+    rule = f"{name} must hold 1 for real tokens and 0 for padding (bool, integer or float)"
+    additive = "additive masks (0 / -10000 or -inf) are not accepted"
+    check_values(
+        binary, f"{rule}; {additive}", lambda: f"{rule}, got {value_range(attention_mask[~binary])}; {additive}"
+    )
 
 
 def front_packing_order(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -408,15 +429,36 @@ def lag_embedding(n: int, emb_dim: int, layout: str) -> torch.Tensor:
     t = (kernel_lags(n, layout) / max(n, 1)).unsqueeze(-1)  # in [-1/2, 1/2] (FFT layout) or [0, 1) (DCT layout)
     bands = (emb_dim - 1) // 2
     # Built on the CPU explicitly: transformers may construct the model under a meta-device context.
-    frequencies = torch.linspace(1e-4, bands - 1, bands, device="cpu").unsqueeze(0)
+    frequencies = torch.linspace(1e-4, bands - 1, bands, dtype=torch.float32, device="cpu").unsqueeze(0)
     angle = 2 * math.pi * t * frequencies
     features = [t, torch.cos(angle), torch.sin(angle)]
     if 1 + 2 * bands < emb_dim:
-        features.append(torch.zeros(n, emb_dim - 1 - 2 * bands, device="cpu"))
+        features.append(torch.zeros(n, emb_dim - 1 - 2 * bands, dtype=torch.float32, device="cpu"))
     return torch.cat(features, dim=-1)
 
 
-class ImplicitFilter(nn.Module):
+class DerivedBuffers(nn.Module):
+    """A module with buffers computed from its settings (:meth:`derived_buffers`): neither learned nor saved, and kept
+    exact, in float32 on the module's device, through every cast. ``.to(torch.bfloat16).to(torch.float32)`` would
+    otherwise leave them rounded to bfloat16 in memory while a saved and reloaded copy recomputes them exactly, and
+    the two would give different outputs. Whoever reads such a buffer casts it to the dtype it computes in."""
+
+    def derived_buffers(self) -> dict[str, torch.Tensor]:
+        """Each derived buffer's name and its exact value (float32, on the CPU)."""
+        raise NotImplementedError
+
+    def reset_derived_buffers(self) -> None:
+        for name, value in self.derived_buffers().items():
+            setattr(self, name, value.to(getattr(self, name).device))
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .half(), .cuda(), to_empty() and the like cast parameters and buffers alike: recompute these after.
+        super()._apply(fn, recurse)
+        self.reset_derived_buffers()
+        return self
+
+
+class ImplicitFilter(DerivedBuffers):
     """A static long kernel ``h0 = FFN(PosEmb(t)) * decay(t)`` over the lags of the transform (Remark 3.2), and its
     multiplier in the transform domain.
 
@@ -466,6 +508,9 @@ class ImplicitFilter(nn.Module):
         self.register_buffer("lag_features", self.make_lag_features(), persistent=False)
         self.register_buffer("envelope", self.make_envelope(), persistent=False)
 
+    def derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"lag_features": self.make_lag_features(), "envelope": self.make_envelope()}
+
     def make_lag_features(self) -> torch.Tensor:
         return lag_embedding(self.length, self.emb_dim, self.transform)
 
@@ -473,8 +518,8 @@ class ImplicitFilter(nn.Module):
         """``exp(-|t| * rate_c)``, (length, channels); |t| is the lag over the kernel length, so the decay profile
         does not depend on max_len."""
         if not self.decay:
-            return torch.ones(self.length, self.channels, device="cpu")
-        rates = torch.linspace(*self.decay_rates, self.channels, device="cpu")
+            return torch.ones(self.length, self.channels, dtype=torch.float32, device="cpu")
+        rates = torch.linspace(*self.decay_rates, self.channels, dtype=torch.float32, device="cpu")
         lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1)
         return torch.exp(-lags / max(self.length, 1) * rates)
 
@@ -692,9 +737,12 @@ class OrchidOperator(nn.Module):
             raise ValueError(f"OrchidOperator.d_model must be a positive integer, got {d_model!r}")
         if not is_integer(max_len) or max_len < 1:
             raise ValueError(f"OrchidOperator.max_len must be a positive integer, got {max_len!r}")
-        unknown = sorted(set(settings) - {field.name for field in fields(OperatorSettings)})
+        names = [field.name for field in fields(OperatorSettings)]
+        unknown = sorted(set(settings) - set(names))
         if unknown:
-            raise ValueError(f"OrchidOperator got unknown settings {unknown}")
+            closest = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.8)
+            hint = f"; did you mean {closest[0]!r}?" if closest else f"; the settings are {names}"
+            raise ValueError(f"OrchidOperator got unknown settings {unknown}{hint}")
         self.settings = OperatorSettings(**settings)
         self.settings.check_settings()
         s = self.settings

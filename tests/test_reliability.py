@@ -1,0 +1,472 @@
+"""What goes wrong when users pass bad inputs, labels, keywords or config edits: each gets a clear error (or works),
+eager and compiled; dtype round trips leave no trace; peft's task types and transformers' keyword arguments work."""
+
+import copy
+import warnings
+
+import peft
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+
+from orchid_hf import (
+    OrchidConfig,
+    OrchidForImageClassification,
+    OrchidForMaskedLM,
+    OrchidForSequenceClassification,
+    OrchidForTokenClassification,
+    OrchidModel,
+)
+
+from .test_models import tiny_image_config, tiny_text_config
+
+TEXT_HEADS = [OrchidModel, OrchidForMaskedLM, OrchidForSequenceClassification, OrchidForTokenClassification]
+ALL_HEADS = [*TEXT_HEADS, OrchidForImageClassification]
+
+
+def main_output(output) -> torch.Tensor:
+    return output.logits if hasattr(output, "logits") else output.last_hidden_state
+
+
+def text_batch(batch: int = 2, length: int = 6) -> dict[str, torch.Tensor]:
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[-1, length - 2 :] = 0
+    return {"input_ids": torch.randint(5, 97, (batch, length)), "attention_mask": mask}
+
+
+def build(head, **overrides):
+    config = tiny_image_config(**overrides) if head is OrchidForImageClassification else tiny_text_config(**overrides)
+    return head(config).eval()
+
+
+def model_inputs(head, batch: int = 2) -> dict[str, torch.Tensor]:
+    if head is OrchidForImageClassification:
+        return {"pixel_values": torch.randn(batch, 3, 16, 16)}
+    return text_batch(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks under torch.compile and torch.export
+# ---------------------------------------------------------------------------------------------
+
+BAD_MASKS = {
+    "additive": lambda mask: (1.0 - mask.float()) * -10000.0,
+    "half": lambda mask: mask.float() * 0.5,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_MASKS))
+def test_eager_mask_check_names_the_values(kind):
+    model = build(OrchidModel)
+    inputs = text_batch()
+    inputs["attention_mask"] = BAD_MASKS[kind](inputs["attention_mask"])
+    expected = {"additive": r"got values from -10000.0 to -10000.0", "half": r"got values from 0.5 to 0.5"}[kind]
+    with pytest.raises(ValueError, match=r"attention_mask must hold 1 for real tokens and 0 for padding.*" + expected):
+        model(**inputs)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("kind", sorted(BAD_MASKS))
+def test_compiled_model_rejects_masks_that_are_not_zero_or_one(backend, kind):
+    torch._dynamo.reset()
+    model = build(OrchidForSequenceClassification)
+    compiled = torch.compile(model, backend=backend)
+    inputs = text_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(compiled(**inputs)), main_output(model(**inputs)))
+        inputs["attention_mask"] = BAD_MASKS[kind](inputs["attention_mask"])
+        with pytest.raises((ValueError, RuntimeError), match=r"attention_mask must hold 1 for real tokens and 0"):
+            compiled(**inputs)
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("input_ids", 97, r"input_ids must lie in \[0, vocab_size=97\)"),
+        ("input_ids", -1, r"input_ids must lie in \[0, vocab_size=97\)"),
+        ("token_type_ids", 2, r"token_type_ids must lie in \[0, type_vocab_size=2\)"),
+        ("position_ids", 24, r"position_ids must lie in \[0, max_position_embeddings=24\)"),
+    ],
+)
+def test_compiled_model_is_one_graph_and_rejects_ids_out_of_range(field, value, message):
+    # fullgraph: a check that broke the graph (.item(), a branch on a value) would fail to compile.
+    torch._dynamo.reset()
+    model = build(OrchidForMaskedLM)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    inputs = text_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(**inputs).logits, model(**inputs).logits)
+        bad = torch.zeros_like(inputs["input_ids"]) if field != "input_ids" else inputs["input_ids"].clone()
+        bad[0, 1] = value
+        with pytest.raises((ValueError, RuntimeError), match=message):
+            compiled(**(inputs | {field: bad}))
+
+
+def test_compiled_heads_reject_labels_out_of_range():
+    torch._dynamo.reset()
+    model = build(OrchidForTokenClassification)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    inputs = text_batch()
+    labels = torch.zeros_like(inputs["input_ids"])
+    compiled(**inputs, labels=labels)
+    labels[1, 2] = 50
+    with pytest.raises((ValueError, RuntimeError), match=r"labels must lie in \[0, num_labels=3\)"):
+        compiled(**inputs, labels=labels)
+
+
+def test_text_model_exports_and_the_exported_program_checks_its_inputs():
+    model = build(OrchidForSequenceClassification)
+    inputs = text_batch()
+    program = torch.export.export(model, (inputs["input_ids"], inputs["attention_mask"]))
+    exported = program.module()
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    torch.testing.assert_close(exported(inputs["input_ids"], inputs["attention_mask"]).logits, expected)
+    with pytest.raises(RuntimeError, match=r"attention_mask must hold 1 for real tokens"):
+        exported(inputs["input_ids"], BAD_MASKS["additive"](inputs["attention_mask"]))
+    bad_ids = inputs["input_ids"].clone()
+    bad_ids[0, 0] = 97
+    with pytest.raises(RuntimeError, match=r"input_ids must lie in \[0, vocab_size=97\)"):
+        exported(bad_ids, inputs["attention_mask"])
+
+
+def test_image_model_exports():
+    model = build(OrchidForImageClassification)
+    pixels = torch.randn(2, 3, 16, 16)
+    exported = torch.export.export(model, (pixels,)).module()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(pixels).logits, model(pixel_values=pixels).logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# problem_type
+# ---------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_problem_type_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"problem_type='regresion'.*'regression'.*'single_label_classification'"
+                                         r".*'multi_label_classification'"):
+        tiny_text_config(problem_type="regresion")
+
+
+@pytest.mark.parametrize("head", [OrchidForSequenceClassification, OrchidForImageClassification])
+def test_an_unknown_problem_type_set_later_is_refused_by_the_loss(head):
+    model = build(head)
+    model.config.problem_type = "regresion"
+    with pytest.raises(ValueError, match=r"problem_type='regresion'.*'regression'"):
+        model(**model_inputs(head), labels=torch.rand(2, 3 if head is not OrchidForImageClassification else 5))
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels: shape and class range, with the numbers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_token_classification_refuses_transposed_labels():
+    model = build(OrchidForTokenClassification)
+    inputs = text_batch(batch=2, length=6)
+    labels = torch.randint(0, 3, (6, 2))
+    with pytest.raises(ValueError, match=r"labels has shape \(6, 2\), expected \(batch, length\) = \(2, 6\)"):
+        model(**inputs, labels=labels)
+
+
+@pytest.mark.parametrize(
+    "head,field,count",
+    [
+        (OrchidForTokenClassification, "num_labels", 3),
+        (OrchidForSequenceClassification, "num_labels", 3),
+        (OrchidForImageClassification, "num_labels", 5),
+        (OrchidForMaskedLM, "vocab_size", 97),
+    ],
+)
+def test_labels_outside_the_classes_name_the_label_and_the_count(head, field, count):
+    model = build(head)
+    inputs = model_inputs(head)
+    shape = inputs["input_ids"].shape if head in (OrchidForTokenClassification, OrchidForMaskedLM) else (2,)
+    labels = torch.zeros(shape, dtype=torch.long)
+    labels.view(-1)[-1] = 150
+    with pytest.raises(ValueError, match=rf"labels must lie in \[0, {field}={count}\).*got values from 0 to 150"):
+        model(**inputs, labels=labels)
+    labels.view(-1)[-1] = -3
+    with pytest.raises(ValueError, match=r"got values from -3 to 0"):
+        model(**inputs, labels=labels)
+
+
+@pytest.mark.parametrize("head", [OrchidForTokenClassification, OrchidForSequenceClassification, OrchidForMaskedLM])
+def test_minus_100_still_marks_labels_without_a_loss(head):
+    model = build(head)
+    inputs = model_inputs(head)
+    shape = inputs["input_ids"].shape if head is not OrchidForSequenceClassification else (2,)
+    labels = torch.randint(0, 3, shape)
+    ignored = labels.clone()
+    ignored.view(-1)[0] = -100
+    out = model(**inputs, labels=ignored)
+    logits = out.logits.reshape(-1, out.logits.shape[-1])
+    kept = ignored.view(-1) != -100
+    expected = torch.nn.functional.cross_entropy(logits[kept], labels.view(-1)[kept])
+    torch.testing.assert_close(out.loss, expected)
+
+
+@pytest.mark.parametrize("head", [OrchidForSequenceClassification, OrchidForImageClassification])
+def test_regression_and_multi_label_targets_of_the_wrong_shape_are_refused(head):
+    regression = build(head, num_labels=1)
+    with pytest.raises(ValueError, match=r"labels has shape \(2, 2\), expected \(batch,\) = \(2,\)"):
+        regression(**model_inputs(head), labels=torch.rand(2, 2))
+    regression(**model_inputs(head), labels=torch.rand(2))
+    regression(**model_inputs(head), labels=torch.rand(2, 1))
+    multi = build(head, problem_type="multi_label_classification")
+    classes = multi.config.num_labels
+    expected = rf"labels has shape \(2,\), expected \(batch, num_labels\) = \(2, {classes}\)"
+    with pytest.raises(ValueError, match=expected):
+        multi(**model_inputs(head), labels=torch.rand(2))
+    with pytest.raises(ValueError, match=rf"labels has shape \({classes}, 2\)"):
+        multi(**model_inputs(head), labels=torch.rand(classes, 2))
+    with pytest.raises(ValueError, match=r"multi-label targets must lie in \[0, 1\], got values from .* to 3.0"):
+        multi(**model_inputs(head), labels=torch.full((2, classes), 3.0))
+    multi(**model_inputs(head), labels=torch.rand(2, classes))
+
+
+@pytest.mark.parametrize("head", [OrchidForSequenceClassification, OrchidForImageClassification])
+def test_single_label_classification_refuses_labels_of_the_wrong_shape(head):
+    model = build(head)
+    with pytest.raises(ValueError, match=r"labels has shape \(2, 2\), expected \(batch,\) = \(2,\)"):
+        model(**model_inputs(head), labels=torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_masked_lm_labels_of_the_wrong_shape_are_refused():
+    model = build(OrchidForMaskedLM)
+    inputs = text_batch(batch=2, length=6)
+    with pytest.raises(ValueError, match=r"labels has shape \(6, 2\), expected \(batch, length\) = \(2, 6\)"):
+        model(**inputs, labels=torch.zeros(6, 2, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------
+# Misspelt keywords
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_misspelt_preset_override_names_the_closest_field():
+    with pytest.raises(ValueError, match=r"hidden_sizee.*did you mean 'hidden_size'"):
+        OrchidConfig.from_preset("orchid-bert-base", hidden_sizee=64)
+    with pytest.raises(ValueError, match=r"'no_such_setting' is not a field of OrchidConfig"):
+        OrchidConfig.from_preset("orchid-recall", no_such_setting=1)
+
+
+def test_preset_overrides_that_transformers_takes_still_work():
+    config = OrchidConfig.from_preset("orchid-recall", num_labels=4, problem_type="regression", transform="fft",
+                                      torch_dtype="float32", output_attentions=False)
+    assert (config.num_labels, config.problem_type, config.transform) == (4, "regression", "fft")
+
+
+def test_a_misspelt_constructor_keyword_warns_with_the_closest_field():
+    with pytest.warns(UserWarning, match=r"hidden_sizee.*did you mean 'hidden_size'"):
+        config = OrchidConfig(hidden_sizee=64)
+    assert config.hidden_size == 768  # transformers keeps unknown keywords as attributes, on purpose
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = OrchidConfig(my_custom_field=1)  # nothing like a field: a custom attribute, no warning
+    assert config.my_custom_field == 1
+    assert not [warning for warning in caught if "did you mean" in str(warning.message)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffers derived from the config, through dtype casts
+# ---------------------------------------------------------------------------------------------
+
+
+def derived_buffers(model) -> dict[str, torch.Tensor]:
+    return dict(model.named_buffers())
+
+
+@pytest.mark.parametrize("head", [OrchidForMaskedLM, OrchidForImageClassification])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dtype_round_trips_leave_the_derived_buffers_exact(head, dtype, tmp_path):
+    model = build(head)
+    reference = {name: buffer.clone() for name, buffer in derived_buffers(model).items()}
+    assert reference and all(buffer.dtype == torch.float32 for buffer in reference.values())
+    model.to(dtype)
+    assert all(buffer.dtype == torch.float32 for buffer in derived_buffers(model).values())
+    model.to(torch.float32)
+    for name, buffer in derived_buffers(model).items():
+        assert torch.equal(buffer, reference[name]), name
+    # The red-team's case: saved and reloaded, the model gives the same outputs.
+    model.save_pretrained(tmp_path)
+    reloaded = head.from_pretrained(tmp_path).eval()
+    inputs = model_inputs(head)
+    with torch.no_grad():
+        assert torch.equal(main_output(model(**inputs)), main_output(reloaded(**inputs)))
+
+
+@pytest.mark.parametrize("head", [OrchidForMaskedLM, OrchidForImageClassification])
+def test_derived_buffers_are_not_saved_and_half_precision_loads_run(head, tmp_path):
+    model = build(head)
+    model.save_pretrained(tmp_path)
+    assert not any(name in model.state_dict() for name in derived_buffers(model))
+    loaded = head.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    assert loaded.get_input_embeddings().weight.dtype == torch.bfloat16
+    fresh = build(head)
+    for name, buffer in derived_buffers(loaded).items():
+        assert buffer.dtype == torch.float32 and torch.equal(buffer, dict(fresh.named_buffers())[name]), name
+    with torch.no_grad():
+        out = main_output(loaded(**model_inputs(head)))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Config edits after a model was built
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value", [("transform", "fft"), ("hidden_size", 64), ("num_hidden_layers", 3), ("mlp_type", "mlp"),
+                    ("filter_width", 16), ("layer_norm_eps", 1e-5), ("classifier_pooling", "mean"),
+                    ("hidden_dropout_prob", 0.2)],
+)
+def test_editing_a_setting_the_model_was_built_with_is_an_error(field, value, tmp_path):
+    model = build(OrchidForSequenceClassification)
+    before = getattr(model.config, field)
+    setattr(model.config, field, value)
+    message = rf"config.{field}={value!r} .* built with {field}={before!r}"
+    with pytest.raises(ValueError, match=message):
+        model(**text_batch())
+    with pytest.raises(ValueError, match=message):
+        model.save_pretrained(tmp_path)
+    # A new model from the edited config is what the user meant.
+    OrchidForSequenceClassification(copy.deepcopy(model.config))(**text_batch())
+
+
+def test_editing_num_labels_of_a_built_classifier_is_an_error():
+    model = build(OrchidForSequenceClassification)
+    model.config.num_labels = 5
+    with pytest.raises(ValueError, match=r"config.num_labels=5 .* classifier has 3 outputs"):
+        model(**text_batch())
+
+
+def test_the_config_edits_of_transformers_and_users_still_work():
+    model = build(OrchidForSequenceClassification)
+    model.config.id2label = {0: "a", 1: "b", 2: "c"}
+    model.config.label2id = {"a": 0, "b": 1, "c": 2}
+    model.config.pad_token_id = 1
+    model.config.use_cache = False
+    model.config.output_hidden_states = True
+    model.config.return_dict = False
+    out = model(**text_batch())
+    assert isinstance(out, tuple) and len(out[1]) == 3
+    model.config.return_dict = True
+    model.resize_token_embeddings(120)
+    assert model.config.vocab_size == 120
+    model(input_ids=torch.full((1, 4), 110))
+    # Replacing the classifier together with num_labels, as users do.
+    model.classifier = torch.nn.Linear(32, 5)
+    model.config.num_labels = 5
+    assert model(**text_batch()).logits.shape == (2, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers' keyword arguments; peft with a task type
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head", ALL_HEADS)
+def test_every_head_takes_the_keyword_arguments_transformers_passes(head):
+    model = build(head)
+    inputs = model_inputs(head)
+    out = model(**inputs, output_attentions=False, output_hidden_states=True, return_dict=True)
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    assert getattr(out, "attentions", None) is None
+    as_tuple = model(**inputs, output_attentions=None, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], main_output(out))
+    with pytest.raises(ValueError, match=r"output_attentions=True: Orchid has no attention maps"):
+        model(**inputs, output_attentions=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'attention_maskk'"):
+        model(**inputs, attention_maskk=None)
+
+
+@pytest.mark.parametrize("head", TEXT_HEADS)
+def test_text_heads_refuse_what_an_encoder_without_heads_cannot_do(head):
+    model = build(head)
+    inputs = text_batch()
+    model(**inputs, head_mask=None, use_cache=False, encoder_hidden_states=None)
+    with pytest.raises(ValueError, match=r"head_mask: Orchid has no attention heads"):
+        model(**inputs, head_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"encoder_hidden_states: Orchid is an encoder"):
+        model(**inputs, encoder_hidden_states=torch.randn(2, 6, 32))
+
+
+def test_trainer_keeps_dividing_the_loss_by_gradient_accumulation_steps():
+    model = build(OrchidForSequenceClassification)
+    assert model.accepts_loss_kwargs is False
+
+
+@pytest.mark.parametrize(
+    "task_type,head",
+    [
+        (peft.TaskType.SEQ_CLS, OrchidForSequenceClassification),
+        (peft.TaskType.TOKEN_CLS, OrchidForTokenClassification),
+        (peft.TaskType.FEATURE_EXTRACTION, OrchidModel),
+    ],
+)
+def test_peft_lora_with_a_task_type_trains(task_type, head, tmp_path, one_thread):
+    torch.manual_seed(0)
+    model = build(head)
+    config = peft.LoraConfig(task_type=task_type, r=4, target_modules=["in_proj", "out_proj"])
+    wrapped = peft.get_peft_model(model, config)
+    inputs = text_batch()
+    out = wrapped(**inputs, output_hidden_states=True)
+    assert len(out.hidden_states) == 3
+    main_output(out).square().mean().backward()
+    lora = [p for name, p in wrapped.named_parameters() if "lora_B" in name]
+    assert lora and all(p.grad is not None for p in lora)
+    with pytest.raises(ValueError, match=r"output_attentions=True: Orchid has no attention maps"):
+        wrapped(**inputs, output_attentions=True)
+    if head is OrchidModel:
+        return
+    rows = []
+    for _ in range(8):
+        ids = torch.randint(5, 97, (6,))
+        label = torch.randint(0, 3, (6,) if head is OrchidForTokenClassification else ()).tolist()
+        rows.append({"input_ids": ids.tolist(), "attention_mask": [1] * 6, "labels": label})
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4, max_steps=2,
+                             learning_rate=1e-2, save_strategy="no")
+    before = {name: p.detach().clone() for name, p in wrapped.named_parameters() if p.requires_grad}
+    Trainer(model=wrapped, args=args, train_dataset=Dataset.from_list(rows)).train()
+    assert any(not torch.equal(before[name], p) for name, p in wrapped.named_parameters() if p.requires_grad)
+
+
+def test_editing_vocab_size_without_resizing_the_embeddings_is_an_error():
+    model = build(OrchidForMaskedLM)
+    model.config.vocab_size = 120
+    with pytest.raises(ValueError, match=r"config.vocab_size=120 but the word embeddings have 97 rows"):
+        model(input_ids=torch.full((1, 4), 110))
+
+
+def test_single_label_classification_refuses_float_labels():
+    model = build(OrchidForSequenceClassification, problem_type="single_label_classification")
+    with pytest.raises(ValueError, match=r"labels must hold integer class ids, got torch.float32"):
+        model(**text_batch(), labels=torch.tensor([0.0, 1.0]))
+
+
+def test_a_mask_with_nan_is_refused():
+    model = build(OrchidModel)
+    inputs = text_batch()
+    inputs["attention_mask"] = inputs["attention_mask"].float()
+    inputs["attention_mask"][0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"attention_mask must hold 1 for real tokens and 0 for padding"):
+        model(**inputs)
+
+
+def test_a_misspelt_operator_setting_names_the_closest_setting():
+    from orchid_hf import OrchidOperator
+
+    with pytest.raises(ValueError, match=r"unknown settings \['transfrom'\]; did you mean 'transform'"):
+        OrchidOperator(16, 8, transfrom="fft")
+
+
+def test_inputs_of_the_other_modality_are_refused():
+    image_model = OrchidModel(tiny_image_config()).eval()
+    with pytest.raises(ValueError, match=r"image model .*\['attention_mask'\] do not apply"):
+        image_model(pixel_values=torch.randn(2, 3, 16, 16), attention_mask=torch.ones(2, 16))
+    text_model = build(OrchidModel)
+    with pytest.raises(ValueError, match=r"text model .*pixel_values do not apply"):
+        text_model(**text_batch(), pixel_values=torch.randn(2, 3, 16, 16))
