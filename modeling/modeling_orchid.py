@@ -863,15 +863,6 @@ class OrchidForImageClassification(OrchidPreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def reject_attention_arguments(output_attentions: bool | None, head_mask: torch.Tensor | None) -> None:
-    """transformers' attention arguments, accepted so that generic callers work; a ValueError where Orchid cannot
-    honour them, since its sequence mixer is a global convolution with no attention maps or heads."""
-    if output_attentions:
-        raise ValueError("output_attentions=True: Orchid has no attention maps to return (it mixes by convolution)")
-    if head_mask is not None:
-        raise ValueError("head_mask was given, but Orchid has no attention heads to mask")
-
-
 def span_loss(
     start_logits: torch.Tensor,
     end_logits: torch.Tensor,
@@ -921,16 +912,17 @@ class OrchidForQuestionAnswering(OrchidPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        head_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> QuestionAnsweringModelOutput:
         r"""start_positions, end_positions (`(batch,)`): the answer's first and last token. Positions past the
         input are clamped to its length and ignored in the loss, as in BERT."""
-        reject_attention_arguments(output_attentions, head_mask)
+        self.check_config_unchanged()
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
@@ -938,6 +930,9 @@ class OrchidForQuestionAnswering(OrchidPreTrainedModel):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
@@ -981,16 +976,17 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        head_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
     ) -> MultipleChoiceModelOutput:
         r"""input_ids, attention_mask, token_type_ids, position_ids (`(batch, num_choices, length)`), inputs_embeds
         (`(batch, num_choices, length, hidden_size)`): every choice as one sequence.
         labels (`(batch,)`): the index of the right choice, in [0, num_choices)."""
-        reject_attention_arguments(output_attentions, head_mask)
+        self.check_config_unchanged()
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         batch, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
@@ -1002,20 +998,15 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
             position_ids=flatten_choices("position_ids", position_ids, 3),
             inputs_embeds=flatten_choices("inputs_embeds", inputs_embeds, 4),
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            **kwargs,
         )
         pooled = self.pooler(outputs.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled)).view(batch, num_choices)
         loss = None
         if labels is not None:
-            if tuple(labels.shape) != (batch,):
-                raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (batch,) = ({batch},)")
-            if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-                raise ValueError(f"labels must hold choice indices (integers), got {labels.dtype}")
-            low, high = labels.min().item(), labels.max().item()
-            if low < 0 or high >= num_choices:
-                raise ValueError(
-                    f"labels must lie in [0, num_choices={num_choices}), got values from {low} to {high}"
-                )
+            check_classification_labels(labels, (batch,), "batch,", num_choices, "num_choices")
             loss = CrossEntropyLoss()(logits, labels)
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 

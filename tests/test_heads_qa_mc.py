@@ -87,13 +87,14 @@ def test_multiple_choice_scores_each_choice_and_takes_a_cross_entropy_over_choic
 def test_multiple_choice_rejects_bad_labels_and_shapes_naming_the_numbers():
     model = OrchidForMultipleChoice(tiny_text_config())
     ids = torch.randint(5, 97, (2, 3, 6))
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, num_choices=3\), got values from 0 to 3"):
+    out_of_range = r"labels must lie in \[0, num_choices=3\) or be -100 \(no loss\), got values from "
+    with pytest.raises(ValueError, match=out_of_range + "0 to 3"):
         model(ids, labels=torch.tensor([0, 3]))
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, num_choices=3\), got values from -1 to 2"):
+    with pytest.raises(ValueError, match=out_of_range + "-1 to 2"):
         model(ids, labels=torch.tensor([-1, 2]))
     with pytest.raises(ValueError, match=r"labels has shape \(2, 3\), expected \(batch,\) = \(2,\)"):
         model(ids, labels=torch.zeros(2, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"labels must hold choice indices \(integers\), got torch.float32"):
+    with pytest.raises(ValueError, match=r"labels must hold integer class ids, got torch.float32"):
         model(ids, labels=torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match=r"input_ids must have shape \(batch, num_choices, length\), got \(2, 6\)"):
         model(ids[:, 0])
@@ -149,7 +150,7 @@ def test_heads_take_transformers_common_keyword_arguments(cls, make_inputs):
     assert len(hidden.hidden_states) == model.config.num_hidden_layers + 1
     with pytest.raises(ValueError, match="output_attentions=True: Orchid has no attention maps"):
         model(**inputs, output_attentions=True)
-    with pytest.raises(ValueError, match="head_mask was given, but Orchid has no attention heads"):
+    with pytest.raises(ValueError, match="head_mask: Orchid has no attention heads to mask"):
         model(**inputs, head_mask=torch.ones(2, 4))
 
 
