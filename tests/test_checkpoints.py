@@ -125,6 +125,7 @@ REMOTE_LOADER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocked", ["orchid_hf", "orchid_hf,scipy"])
 def test_every_head_loads_as_remote_code_without_orchid_hf(saved_heads, tmp_path, hf_modules_cache, blocked):
     # Without SciPy the remote code runs the DCT in torch, and gives what the package gave through pocketfft.

@@ -57,6 +57,7 @@ def fresh_copy(model):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trainer_with_default_arguments_reports_the_eval_loss_of_a_fresh_evaluation(tmp_path):
     torch.manual_seed(0)
     model = OrchidForMaskedLM(tiny_text_config())
@@ -117,6 +118,7 @@ def lora_targets(mlp_num_blocks: int) -> list[str]:
     return ["in_proj", "out_proj", *mlp]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mlp_num_blocks", [1, 4])
 @pytest.mark.parametrize("targets", ["operator", "mlp", "all-linear"])
 def test_lora_changes_the_output_trains_and_merges(mlp_num_blocks, targets):
@@ -356,6 +358,7 @@ def test_imagenet_geometry_runs_at_many_batch_sizes():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_len", [48, 200])
 def test_operator_compiles_as_one_graph(max_len):
     # aot_eager traces the whole operator (dynamo + AOTAutograd, forward and backward) in seconds; inductor compiles it

@@ -303,6 +303,7 @@ def test_hidden_states_tuple_outputs_and_inputs_embeds():
     torch.testing.assert_close(model(inputs_embeds=embeds).logits, output.logits)
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_recomputes_and_keeps_gradients_and_names():
     torch.manual_seed(0)
     model = OrchidForSequenceClassification(tiny_text_config()).train()

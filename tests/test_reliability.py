@@ -66,6 +66,7 @@ def test_eager_mask_check_names_the_values(kind):
         model(**inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("kind", sorted(BAD_MASKS))
 def test_compiled_model_rejects_masks_that_are_not_zero_or_one(backend, kind):
@@ -80,6 +81,7 @@ def test_compiled_model_rejects_masks_that_are_not_zero_or_one(backend, kind):
             compiled(**inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "field,value,message",
     [
@@ -103,6 +105,7 @@ def test_compiled_model_is_one_graph_and_rejects_ids_out_of_range(field, value, 
             compiled(**(inputs | {field: bad}))
 
 
+@pytest.mark.slow
 def test_compiled_heads_reject_labels_out_of_range():
     torch._dynamo.reset()
     model = build(OrchidForTokenClassification)
@@ -115,6 +118,7 @@ def test_compiled_heads_reject_labels_out_of_range():
         compiled(**inputs, labels=labels)
 
 
+@pytest.mark.slow
 def test_text_model_exports_and_the_exported_program_checks_its_inputs():
     model = build(OrchidForSequenceClassification)
     inputs = text_batch()
@@ -131,6 +135,7 @@ def test_text_model_exports_and_the_exported_program_checks_its_inputs():
         exported(bad_ids, inputs["attention_mask"])
 
 
+@pytest.mark.slow
 def test_image_model_exports():
     model = build(OrchidForImageClassification)
     pixels = torch.randn(2, 3, 16, 16)
@@ -394,11 +399,13 @@ def test_text_heads_refuse_what_an_encoder_without_heads_cannot_do(head):
         model(**inputs, encoder_hidden_states=torch.randn(2, 6, 32))
 
 
+@pytest.mark.slow
 def test_trainer_keeps_dividing_the_loss_by_gradient_accumulation_steps():
     model = build(OrchidForSequenceClassification)
     assert model.accepts_loss_kwargs is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "task_type,head",
     [
