@@ -70,6 +70,14 @@ def test_a_probe_on_separable_features_is_exact_and_on_noise_is_at_chance():
     assert measures.probe_accuracy(noise_train, labels, noise_test, test_labels) < 0.5
 
 
+def test_participation_ratio_counts_the_directions_that_hold_the_variance():
+    rng = np.random.default_rng(0)
+    isotropic = rng.normal(size=(4000, 8))
+    assert measures.participation_ratio(isotropic) == pytest.approx(8, rel=0.05)
+    one_direction = np.outer(rng.normal(size=4000), rng.normal(size=8))
+    assert measures.participation_ratio(one_direction) == pytest.approx(1, rel=1e-6)
+
+
 @pytest.mark.parametrize("arch", ["orchid", "bert"])
 def test_layer_features_cover_every_layer_and_ignore_padding(arch):
     encoder = encoder_of(build_mlm_model(arch, **TINY))

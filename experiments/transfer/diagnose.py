@@ -29,8 +29,8 @@ PASSAGE_TOKENS = 64
 BLOCK_TOKENS = 64
 # Passages per split for probes and fine-tuning (fixed subsets, the same for every model), to keep each run to
 # minutes on one thread.
-PROBE_TRAIN, PROBE_TEST = 4000, 2000
-FINETUNE_TRAIN, FINETUNE_EVAL = 3000, 1000
+PROBE_TRAIN, PROBE_TEST = 3000, 1500
+FINETUNE_TRAIN, FINETUNE_EVAL = 2000, 1000
 
 
 def model_name(arch: str, steps: int, seed: int, dropout: float = 0.1, pre_norm: bool = False) -> str:
@@ -103,6 +103,9 @@ def run_probe(ws: Workspace, name: str) -> dict:
             measures.probe_accuracy(train[pooling][i], y_train, test[pooling][i], y_test)
             for i in range(len(train[pooling]))
         ]
+    result["participation_ratio"] = {
+        pooling: [measures.participation_ratio(layer) for layer in test[pooling]] for pooling in ("first", "mean")
+    }
     result["token_norm"] = test["norm"].tolist()
     result["first_token_norm"] = test["first_norm"].tolist()
     ws.write(f"probe-{name}", result)

@@ -141,3 +141,12 @@ def pooler_saturation(pooled_input: torch.Tensor, dense: nn.Linear) -> dict:
     return {"pooled_feature_rms": float(pooled_input.pow(2).mean().sqrt()),
             "tanh_input_rms": float(pre.pow(2).mean().sqrt()),
             "saturated_fraction": float((pre.tanh().abs() > 0.95).float().mean())}
+
+
+def participation_ratio(features: np.ndarray) -> float:
+    """The effective number of dimensions of features (examples, hidden): ``(sum l)^2 / sum l^2`` over the
+    eigenvalues l of their covariance; 1 when all variance lies along one direction, hidden when it is spread
+    evenly."""
+    centred = features - features.mean(0, keepdims=True)
+    eigenvalues = np.clip(np.linalg.eigvalsh(centred.T @ centred / max(len(features) - 1, 1)), 0, None)
+    return float(eigenvalues.sum() ** 2 / max((eigenvalues**2).sum(), 1e-30))
