@@ -112,8 +112,9 @@ def table(results: Path) -> str:
     bow = results / "bag-of-words.json"
     if bow.exists():
         b = json.loads(bow.read_text())
-        parts.append(f"Bag of words (logistic regression on token frequencies): {_pct(b['test_accuracy'])}%; "
-                     f"majority class {_pct(b['majority_class'])}%.")
+        parts.append(f"Bag of words (logistic regression on token frequencies): {_pct(b['test_accuracy'])}% on the "
+                     f"probes' passages, {_pct(b['test_accuracy_all_passages'])}% fitted on every training passage "
+                     f"and scored on every test passage; majority class {_pct(b['majority_class'])}%.")
     for builder in (pretraining_table, probe_table, operator_table, finetune_table):
         rows = builder(results)
         if rows:
