@@ -1,0 +1,160 @@
+"""The transfer diagnosis's pieces (experiments/transfer/) on tiny models and generated text: the kernel-width
+measure, linear probes, per-layer features and norms, Orchid's operator measurements, the chapter split, masking and
+a fine-tuning step."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertTokenizer
+
+from experiments.real_data.novels import is_test_chapter
+from experiments.transfer import measures
+from experiments.transfer.data import build_corpus, chapter_split, subset
+from experiments.transfer.models import (
+    CLS_ID,
+    MASK_ID,
+    SEP_ID,
+    Classifier,
+    build_mlm_model,
+    encoder_of,
+    finetune,
+    mask_tokens,
+    parameter_group,
+)
+from tests.test_novels import SPECIALS, chapter_words, write_novel
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = dict(hidden=32, layers=2, intermediate=64, max_positions=32)
+
+
+def tiny_split(count: int = 12, length: int = 10, seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 2000, (count, length), generator=generator)
+    ids[:, 0] = CLS_ID
+    mask = torch.ones(count, length, dtype=torch.long)
+    for row in range(count):  # real lengths 6 .. 10, padded on the right
+        real = 6 + row % 5
+        ids[row, real - 1] = SEP_ID
+        ids[row, real:] = 0
+        mask[row, real:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.arange(count) % 3}
+
+
+def test_an_impulse_kernel_has_width_one_lag_and_a_low_pass_kernel_is_wider():
+    n, channels = 64, 3
+    identity = torch.full((n, channels), 2.0)  # a constant multiplier: the operator is 2 * identity
+    response = measures.position_zero_response(identity)
+    assert torch.allclose(response[0], torch.full((channels,), 2.0), atol=1e-5)
+    assert torch.equal(measures.effective_width(response), torch.ones(channels, dtype=torch.long))
+    assert torch.allclose(measures.energy_within(response, 1), torch.ones(channels))
+    # Keeping only the zero frequency averages the whole sequence: position 0 sees every position alike, and 90% of
+    # the energy lies in the first 58 of 64 positions.
+    average = torch.zeros(n, channels)
+    average[0] = 1.0
+    flat = measures.position_zero_response(average)
+    assert torch.allclose(flat, torch.full_like(flat, 1 / n), atol=1e-6)
+    assert torch.equal(measures.effective_width(flat), torch.full((channels,), 58))
+    summary = measures.summarise_response(response, lags=(1, 4))
+    assert summary["median_width_90"] == 1 and summary["energy_within_1"] == pytest.approx(1.0)
+
+
+def test_a_probe_on_separable_features_is_exact_and_on_noise_is_at_chance():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 40)
+    separable = rng.normal(size=(120, 5)) * 0.1
+    separable[np.arange(120), labels] += 3.0
+    assert measures.probe_accuracy(separable, labels, separable, labels) == 1.0
+    noise_train, noise_test = rng.normal(size=(120, 5)), rng.normal(size=(300, 5))
+    test_labels = np.repeat(np.arange(3), 100)
+    assert measures.probe_accuracy(noise_train, labels, noise_test, test_labels) < 0.5
+
+
+def test_participation_ratio_counts_the_directions_that_hold_the_variance():
+    rng = np.random.default_rng(0)
+    isotropic = rng.normal(size=(4000, 8))
+    assert measures.participation_ratio(isotropic) == pytest.approx(8, rel=0.05)
+    one_direction = np.outer(rng.normal(size=4000), rng.normal(size=8))
+    assert measures.participation_ratio(one_direction) == pytest.approx(1, rel=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["orchid", "bert"])
+def test_layer_features_cover_every_layer_and_ignore_padding(arch):
+    encoder = encoder_of(build_mlm_model(arch, **TINY))
+    split = tiny_split()
+    features = measures.layer_features(encoder, split, batch_size=5)
+    assert features["first"].shape == features["mean"].shape == (TINY["layers"] + 1, 12, TINY["hidden"])
+    assert features["norm"].shape == (TINY["layers"] + 1,) and (features["norm"] > 0).all()
+    # Other token ids at padded positions change nothing of the mean over real tokens.
+    changed = dict(split, input_ids=split["input_ids"].masked_fill(split["attention_mask"] == 0, 1500))
+    again = measures.layer_features(encoder, changed, batch_size=5)
+    np.testing.assert_allclose(again["mean"], features["mean"], atol=1e-5)
+
+
+def test_orchid_operator_stats_report_widths_within_the_transform_and_a_pooler_measure():
+    model = build_mlm_model("orchid", **TINY)
+    split = tiny_split()
+    stats = measures.orchid_operator_stats(encoder_of(model), split["input_ids"], split["attention_mask"])
+    assert [entry["layer"] for entry in stats] == list(range(TINY["layers"]))
+    for entry in stats:
+        for kernel in ("static", "data_dependent", "residual"):
+            assert 1 <= entry[kernel]["median_width_90"] <= TINY["max_positions"]
+            assert 0 <= entry[kernel]["energy_within_1"] <= entry[kernel]["energy_within_16"] <= 1 + 1e-6
+        assert entry["conditioning_rms"] > 0 and entry["mixer_output_rms"] > 0
+    dense = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        dense.weight.copy_(torch.eye(4) * 100)
+        dense.bias.zero_()
+    assert measures.pooler_saturation(torch.ones(2, 4), dense)["saturated_fraction"] == 1.0
+    assert measures.pooler_saturation(torch.full((2, 4), 1e-4), dense)["saturated_fraction"] == 0.0
+
+
+def test_masking_never_touches_special_tokens_and_keeps_the_rate():
+    ids = torch.randint(1000, 2000, (64, 32))
+    ids[:, 0], ids[:, -1], ids[:, -4:-1] = CLS_ID, SEP_ID, 0
+    inputs, labels = mask_tokens(ids, 0.3, torch.Generator().manual_seed(0))
+    special = (ids == CLS_ID) | (ids == SEP_ID) | (ids == 0)
+    assert (labels[special] == -100).all() and torch.equal(inputs[special], ids[special])
+    chosen = labels != -100
+    assert 0.25 < chosen.float().sum() / (~special).sum() < 0.35
+    assert torch.equal(labels[chosen], ids[chosen])
+    assert 0.7 < (inputs[chosen] == MASK_ID).float().mean() < 0.9
+
+
+def test_validation_chapters_come_from_the_training_chapters_only():
+    splits = [chapter_split(index) for index in range(40)]
+    assert [i for i, s in enumerate(splits) if s == "test"] == [i for i in range(40) if is_test_chapter(i, 5)]
+    assert splits.count("validation") == 8 and splits.count("train") == 24
+
+
+def test_the_corpus_keeps_test_chapters_out_of_pretraining(tmp_path):
+    write_novel(tmp_path / "alpha.txt", 0, 7, "CHAPTER {roman}")
+    write_novel(tmp_path / "beta.txt", 1, 6, "Chapter {n}")
+    words = [w for n, c in ((0, range(7)), (1, range(6))) for i in c for w in chapter_words(n, i)]
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIALS + [".", ","] + words) + "\n")
+    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=True)
+    corpus = build_corpus([tmp_path / "alpha.txt", tmp_path / "beta.txt"], tokenizer, 12, 8)
+    assert corpus["names"] == ["alpha", "beta"]
+    test_words = {w for n, chapters in ((0, 7), (1, 6)) for c in range(chapters) if chapter_split(c) == "test"
+                  for w in chapter_words(n, c)}
+    test_ids = set(tokenizer.convert_tokens_to_ids(sorted(test_words)))
+    assert corpus["mlm"].shape[1] == 8 and not test_ids & set(corpus["mlm"].flatten().tolist())
+    for split in ("train", "validation", "test"):
+        assert corpus[split]["input_ids"].shape[1] == 12
+        assert len(corpus[split]["labels"]) == len(corpus[split]["texts"]) > 0
+    assert all(set(text.split()) & test_words for text in corpus["test"]["texts"])
+    half = subset(corpus["train"], 3)
+    assert len(half["labels"]) == len(half["texts"]) == 3
+
+
+def test_finetuning_learns_a_separable_task_and_records_gradients_per_layer():
+    torch.manual_seed(0)
+    split = tiny_split(count=48)
+    split["labels"] = (split["input_ids"][:, 1] >= 1500).long()  # the first word's id tells the class
+    split["input_ids"][:, 1] = torch.where(split["labels"] == 1, 1900, 1100)
+    model = Classifier(encoder_of(build_mlm_model("orchid", **TINY)), TINY["hidden"], 2, "mean")
+    log = finetune(model, split, {"train": split}, epochs=6, lr=3e-3, batch_size=8, grad_steps=2)
+    assert log["final"]["train"] == 1.0
+    assert set(log["first_step_gradient_norms"]) == {"embeddings", "layer.0", "layer.1", "head"}
+    assert all(len(norms) == 2 for norms in log["first_step_gradient_norms"].values())
+    assert parameter_group("encoder_model.encoder.layer.1.mixer.in_proj.weight") == "layer.1"
