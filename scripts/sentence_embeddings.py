@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from orchid_hf.training import run_cli
+from orchid_hf.runs import run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
 from experiments.sentence_embeddings import MODEL_KINDS, report, run  # noqa: E402
