@@ -19,7 +19,7 @@ PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_class
 # Keyword arguments PreTrainedConfig takes besides its fields (it turns them into attributes or drops them).
 TRANSFORMERS_KEYWORDS = (
     "num_labels", "torch_dtype", "name_or_path", "output_attentions", "attn_implementation", "experts_implementation",
-    "auto_map",
+    "auto_map", "finetuning_task",  # the last as run_glue and orchid_hf.glue set it
 )
 # The fields a model reads when it is built. Edited on a built model's config, one would change nothing in memory but
 # change the model saved and reloaded: the models refuse to run or save after such an edit

@@ -260,8 +260,9 @@ def test_a_misspelt_preset_override_names_the_closest_field():
 
 def test_preset_overrides_that_transformers_takes_still_work():
     config = OrchidConfig.from_preset("orchid-recall", num_labels=4, problem_type="regression", transform="fft",
-                                      torch_dtype="float32", output_attentions=False)
+                                      torch_dtype="float32", output_attentions=False, finetuning_task="sst2")
     assert (config.num_labels, config.problem_type, config.transform) == (4, "regression", "fft")
+    assert config.finetuning_task == "sst2"
 
 
 def test_a_misspelt_constructor_keyword_warns_with_the_closest_field():
