@@ -245,6 +245,7 @@ def test_resume_from_last_checkpoint(tmp_path):
         resolve_checkpoint(str(tmp_path / "checkpoint-99"), str(tmp_path))
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(corpus, tmp_path):
     full_batches, full_weights, trainer = _train(corpus, tmp_path / "full")
     steps_per_epoch = len(trainer.get_train_dataloader())

@@ -163,6 +163,7 @@ class RunsCodeWhenLoaded:
         return Path.write_text, (self.marker, "ran")
 
 
+@pytest.mark.slow
 def test_collecting_runs_never_unpickles_training_args(runs, tmp_path):
     crafted = tmp_path / "runs"
     shutil.copytree(runs / "pretrain-bert", crafted / "pretrain-bert")

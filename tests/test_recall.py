@@ -101,6 +101,7 @@ def test_the_models_are_the_products_classes():
         assert query_logits(model, inputs).shape == (3, 21)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["orchid", "static", "transformer"])
 def test_a_few_steps_reduce_the_loss(model):
     config = RecallConfig(model=model, vocab_size=8, seq_len=16, hidden_size=16)

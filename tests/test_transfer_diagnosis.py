@@ -147,6 +147,7 @@ def test_the_corpus_keeps_test_chapters_out_of_pretraining(tmp_path):
     assert len(half["labels"]) == len(half["texts"]) == 3
 
 
+@pytest.mark.slow
 def test_finetuning_learns_a_separable_task_and_records_gradients_per_layer():
     torch.manual_seed(0)
     split = tiny_split(count=48)
