@@ -19,9 +19,8 @@ from orchid_hf import (
     OrchidModel,
 )
 
-from .test_models import tiny_image_config, tiny_text_config
+from .test_models import TEXT_HEADS, tiny_image_config, tiny_text_config
 
-TEXT_HEADS = [OrchidModel, OrchidForMaskedLM, OrchidForSequenceClassification, OrchidForTokenClassification]
 ALL_HEADS = [*TEXT_HEADS, OrchidForImageClassification]
 
 
