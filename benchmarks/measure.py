@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.candidates import REFERENCE, build_steps, load_modeling
 from benchmarks.settings import BenchmarkSettings
@@ -368,8 +370,56 @@ def load_average() -> float:
 
 
 
+def tensor_leaves(values) -> list[torch.Tensor]:
+    return [leaf for leaf in torch.utils._pytree.tree_leaves(values) if isinstance(leaf, torch.Tensor)]
+
+
+class AllocationRecorder(TorchDispatchMode):
+    """Records every storage that an operation creates while it is active, by weak reference."""
+
+    def __init__(self):
+        super().__init__()
+        self.created: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # Views and in-place results share an input's storage (a weight's, say): only new storages are counted.
+        inputs = {leaf.untyped_storage().data_ptr() for leaf in tensor_leaves((args, kwargs))}
+        for tensor in tensor_leaves(out):
+            storage = tensor.untyped_storage()
+            address = storage.data_ptr()
+            if not storage.nbytes() or address in inputs:
+                continue
+            known = self.created.get(address)
+            if known is None or known[0].expired():  # new, or at the address of a storage since freed
+                self.created[address] = (StorageWeakRef(storage), storage.nbytes())
+        return out
+
+    def alive_bytes(self) -> int:
+        return sum(nbytes for ref, nbytes in self.created.values() if not ref.expired())
+
+
+def retained_bytes(fn: Callable, *args, **kwargs) -> int:
+    """The bytes of the distinct storages that ``fn(*args, **kwargs)`` creates and that are still alive when it returns,
+    while its result is held: with autograd, what the forward keeps for backward (saved tensors, the inputs of
+    recomputed steps) and the result itself.
+
+    Unlike counting what autograd's saved-tensor hooks see, this also counts what steps recomputed in backward keep
+    (a checkpoint keeps its inputs without saving them), and it leaves those steps as they run in training (the hooks
+    would replace theirs)."""
+    recorder = AllocationRecorder()
+    with recorder:
+        result = fn(*args, **kwargs)
+    alive = recorder.alive_bytes()
+    del result
+    return alive
+
+
 def saved_storage_bytes(fn: Callable, *args, **kwargs) -> int:
-    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs."""
+    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs, as its
+    saved-tensor hooks see them (steps recomputed in backward keep their inputs outside these: see
+    :func:`retained_bytes`)."""
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from benchmarks.candidates import (
     orchid_config,
     synchronizer,
 )
-from benchmarks.measure import saved_storage_bytes
+from benchmarks.measure import retained_bytes
 from benchmarks.settings import BenchmarkSettings
 
 
@@ -119,16 +119,17 @@ def implicit_filter_table(shapes: list[tuple[int, int]], settings: BenchmarkSett
 
 
 def saved_bytes_per_layer(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None) -> int:
-    """The bytes that autograd keeps for backward in one layer of the masked-LM model ``impl`` at (batch, length): the
-    distinct storages saved by the forward of a two-layer model less those of a one-layer model, so that the
-    embeddings and the head cancel. What a training step holds at its peak grows with this times the depth."""
+    """The bytes that one layer of the masked-LM model ``impl`` keeps for backward at (batch, length): the distinct
+    storages that the forward of a two-layer model leaves alive (:func:`retained_bytes`) less those of a one-layer
+    model, so that the embeddings and the head cancel. What a training step holds at its peak grows with this times
+    the depth."""
     totals = []
     for layers in (1, 2):
         torch.manual_seed(0)
         model = build_masked_lm(impl, settings.quick, length, reference, layers)
         model = model.to(settings.device, settings.dtype).train()
         input_ids, labels = mlm_batch(model.config.vocab_size, batch, length, settings.device)
-        totals.append(saved_storage_bytes(model, input_ids=input_ids, labels=labels))
+        totals.append(retained_bytes(model, input_ids=input_ids, labels=labels))
     return totals[1] - totals[0]
 
 

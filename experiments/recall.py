@@ -29,15 +29,13 @@ import torch.nn.functional as F
 from orchid_hf.modeling.configuration_orchid import OrchidConfig
 from orchid_hf.modeling.modeling_orchid import OrchidForMaskedLM
 from orchid_hf.modeling.orchid_layers import (
-    ALL_CHANNELS,
     CONDITIONING_ACTIVATIONS,
     CONDITIONINGS,
     FILTER_SPECTRA,
     TRANSFORMS,
     OrchidOperator,
-    forward_transform,
-    masked,
 )
+from orchid_hf.modeling.orchid_ops import ALL_CHANNELS, forward_transform, masked
 from torch import nn
 
 MODELS = ("orchid", "static", "transformer")

@@ -12,7 +12,8 @@ from .modeling_orchid import (
     OrchidModel,
     OrchidPreTrainedModel,
 )
-from .orchid_layers import BlockDiagonalLinear, OperatorSettings, OrchidOperator, dct, idct, long_convolution
+from .orchid_layers import BlockDiagonalLinear, OperatorSettings, OrchidOperator
+from .orchid_ops import dct, idct, long_convolution
 
 __all__ = [
     "PRESETS",

@@ -31,17 +31,21 @@ from .configuration_orchid import BUILD_FIELDS, PROBLEM_TYPES, OrchidConfig
 from .orchid_layers import (
     BlockDiagonalLinear,
     DerivedBuffers,
-    GatedActivation,
     ImplicitFilter,
     OrchidOperator,
     ShortConvolution,
     Sin,
     check_attention_mask,
     check_values,
-    front_packing_order,
-    gather_rows,
-    scatter_rows,
     value_range,
+)
+from .orchid_ops import (
+    GatedActivation,
+    front_packing_order,
+    gated_activation_ref,
+    gather_rows,
+    saved_as_recomputation,
+    scatter_rows,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +143,9 @@ def feature_linear(in_features: int, out_features: int, num_blocks: int) -> nn.M
 
 class OrchidMLP(nn.Module):
     """The dimension mixer: ``W2 act(W1 x)``, or the GLU ``W2 (act(W1 x) * W1' x)`` of M2-BERT, where W1 and W1' are
-    the two halves of ``up_proj`` (:class:`GatedActivation`, which keeps less for backward than autograd would)."""
+    the two halves of ``up_proj``. Under autograd the GLU keeps only ``up_proj``'s output for backward
+    (:class:`GatedActivation`), and the down projection's input is recomputed from it when backward needs it
+    (:func:`saved_as_recomputation`)."""
 
     def __init__(self, config: OrchidConfig):
         super().__init__()
@@ -153,16 +159,21 @@ class OrchidMLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
-        if self.is_glu and torch.compiler.is_compiling():
+        if not self.is_glu:
+            return self.dropout(self.down_proj(self.act(hidden_states)))
+        if torch.compiler.is_compiling():
             # The compiler cannot trace GatedActivation's backward (torch.autograd.grad inside it) and plans the
             # memory of the written-out GLU itself.
-            gate, value = hidden_states.chunk(2, dim=-1)
-            hidden_states = self.act(gate) * value
-        elif self.is_glu:
-            hidden_states = GatedActivation.apply(hidden_states, self.act)
-        else:
-            hidden_states = self.act(hidden_states)
-        return self.dropout(self.down_proj(hidden_states))
+            return self.dropout(self.down_proj(gated_activation_ref(hidden_states, self.act)))
+        gated = GatedActivation.apply(hidden_states, self.act)
+        up = hidden_states
+
+        def recompute() -> torch.Tensor:
+            return gated_activation_ref(up, self.act.forward)
+
+        with saved_as_recomputation(gated, recompute, up, modules=(self.down_proj,)):
+            down = self.down_proj(gated)
+        return self.dropout(down)
 
 
 class OrchidLayer(GradientCheckpointingLayer):
@@ -182,9 +193,12 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp = OrchidMLP(config)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, rows_packed: bool = False
+    ) -> torch.Tensor:
+        """``rows_packed``: every row's real tokens come first already (see :meth:`OrchidOperator.forward`)."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
-        mixed = self.mixer_dropout(self.mixer(mixer_input, attention_mask))
+        mixed = self.mixer_dropout(self.mixer(mixer_input, attention_mask, rows_packed=rows_packed))
         # Everything after the mixer acts on each token alone: it runs on runs of chunk_size_feed_forward tokens, so
         # that the MLP's wide intermediate tensors stay small (see OrchidConfig).
         size = self.chunk_size_feed_forward
@@ -215,10 +229,13 @@ class OrchidEncoder(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        rows_packed: bool = False,
     ) -> BaseModelOutput:
+        """``rows_packed``: every row's real tokens come first already (``OrchidModel`` packs them once per call);
+        otherwise each layer's operator packs rows padded on the left itself."""
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         for layer in self.layer:
-            hidden_states = layer(hidden_states, attention_mask)
+            hidden_states = layer(hidden_states, attention_mask, rows_packed=rows_packed)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
         if self.final_norm is not None:
@@ -485,7 +502,7 @@ class OrchidModel(OrchidPreTrainedModel):
             # through the LayerNorms' gradients it would otherwise reach the weights.
             inputs_embeds = inputs_embeds.masked_fill(~attention_mask.bool().unsqueeze(-1), 0.0)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        outputs = self.encoder(hidden_states, attention_mask, output_hidden_states)
+        outputs = self.encoder(hidden_states, attention_mask, output_hidden_states, rows_packed=True)
         if order is None:
             return outputs
         return BaseModelOutput(

@@ -1,15 +1,15 @@
 """The Orchid layer (Karami & Ghodsi, *Orchid: Flexible and Data-Dependent Convolution for Sequence Modeling*,
-NeurIPS 2024), in the order of the paper: transforms, the short convolution, the static implicit filter (Remark 3.2),
-the conditioning network (Sec. 3.2, Eq. 2-4), the operator (Sec. 3.3 and Listing 1), and the block-diagonal linear
-layer of the MLPs. Section and equation numbers refer to that paper.
+NeurIPS 2024), in the order of the paper: the short convolution, the static implicit filter (Remark 3.2), the
+conditioning network (Sec. 3.2, Eq. 2-4), the operator (Sec. 3.3 and Listing 1), and the block-diagonal linear layer
+of the MLPs. Section and equation numbers refer to that paper. The operations these modules call (transforms,
+convolutions, masks, recomputation in backward) are in ``orchid_ops.py``.
 
 Every module here is plain PyTorch: each projection and convolution is a module that is called, and nothing derived
 from a parameter outlives a call, so hooks, peft, quantisation, pruning, fused optimizers and ``.data`` edits see the
 model as it is. Activations keep the transformers layout ``(batch, length, channels)``; every sequence-mixing step
 acts along axis 1, on each channel alone.
 
-This file depends only on torch and the standard library (SciPy, when installed, computes the DCT on the CPU), so
-that it ships to the Hub as remote code.
+This file depends only on torch and the standard library, so that it ships to the Hub as remote code.
 """
 
 from __future__ import annotations
@@ -22,12 +22,23 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-try:  # optional: the DCT on the CPU, see `dct`
-    import scipy.fft as scipy_fft
-except ImportError:
-    scipy_fft = None
+from .orchid_ops import (
+    ALL_CHANNELS,
+    dct,
+    forward_transform,
+    front_packing_order,
+    gate_channels,
+    gated_long_convolution,
+    gather_rows,
+    in_channel_groups,
+    kernel_spectrum,
+    long_convolution,
+    masked,
+    recomputed_in_backward,
+    scatter_rows,
+    short_convolution,
+)
 
 TRANSFORMS = ("dct", "fft")
 CONDITIONINGS = ("abs", "xcorr")
@@ -35,220 +46,6 @@ CONDITIONING_ACTIVATIONS = ("identity", "sigmoid", "tanh", "softsign", "softshri
 # How the static filter's multiplier is formed under the DCT: the paper's Listing 1, ``dct(h0)``, or the spectrum of
 # a convolution with h0 (see ImplicitFilter). Under the FFT both are the exact circular convolution.
 FILTER_SPECTRA = ("listing1", "convolution")
-
-
-# ---------------------------------------------------------------------------------------------
-# Transforms (App. C.2): the orthonormal DCT-II and the real FFT
-# ---------------------------------------------------------------------------------------------
-
-
-def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
-    """Orthonormal DCT-II along ``dim`` of ``x`` zero-padded to length ``n`` (default: its own length); equal to
-    ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
-
-    On the CPU (float32 or float64, eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT
-    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980).
-    """
-    dim = dim % x.dim()
-    n = x.shape[dim] if n is None else n
-    if n < x.shape[dim]:
-        raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
-    if uses_pocketfft(x):
-        return PocketfftTransform.apply(x, dim, n, False)
-    if n > x.shape[dim]:
-        x = torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
-    return _dct_by_fft(x.movedim(dim, -1)).movedim(-1, dim)
-
-
-def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Tensor:
-    """The first ``length`` samples (default: all) of the orthonormal inverse DCT (DCT-III) along ``dim``; equal to
-    ``scipy.fft.idct(x, axis=dim, norm="ortho")`` cut to ``length``."""
-    dim = dim % x.dim()
-    length = x.shape[dim] if length is None else length
-    if uses_pocketfft(x):
-        return PocketfftTransform.apply(x, dim, length, True)
-    return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
-
-
-def uses_pocketfft(x: torch.Tensor) -> bool:
-    """Whether :func:`dct` and :func:`idct` run through SciPy's pocketfft for tensors like ``x``: on the CPU, in
-    float32 or float64, outside ``torch.compile``, with SciPy installed."""
-    return (
-        scipy_fft is not None
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.float64)
-        and not torch.compiler.is_compiling()
-    )
-
-
-def _pocketfft(x: torch.Tensor, dim: int, size: int, inverse: bool) -> torch.Tensor:
-    """The orthonormal DCT-II (or, ``inverse``, DCT-III) of size ``size`` along ``dim`` of x zero-padded to it.
-
-    The result is a tensor that torch allocates and pocketfft overwrites in place, so that torch's memory profiler
-    counts it like any other tensor."""
-    out = x.new_empty(*x.shape[:dim], size, *x.shape[dim + 1 :])
-    out.narrow(dim, 0, x.shape[dim]).copy_(x)
-    out.narrow(dim, x.shape[dim], size - x.shape[dim]).zero_()
-    return pocketfft_in_place(out, dim, inverse)
-
-
-def pocketfft_in_place(out: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
-    """The orthonormal DCT-II (or, ``inverse``, DCT-III) along ``dim`` of the CPU tensor ``out``, written over it."""
-    array = out.detach().numpy()
-    transform = scipy_fft.idct if inverse else scipy_fft.dct
-    result = transform(array, type=2, axis=dim, norm="ortho", overwrite_x=True, workers=torch.get_num_threads())
-    if result.ctypes.data != array.ctypes.data:  # SciPy may decline to work in place
-        out.copy_(torch.from_numpy(result))
-    return out
-
-
-class PocketfftTransform(torch.autograd.Function):
-    """:func:`dct` (``inverse=False``: x zero-padded to ``size``) or :func:`idct` (``inverse=True``: the first
-    ``size`` samples) through pocketfft, with its gradient. The DCT is orthonormal, so the gradient of the padded DCT
-    is the inverse DCT cut to the input's length, and the gradient of the cut inverse is the DCT of the gradient
-    padded back; each backward calls the other direction through this Function, so double backward works too."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, size: int, inverse: bool) -> torch.Tensor:
-        ctx.dim, ctx.inverse, ctx.input_length = dim, inverse, x.shape[dim]
-        if not inverse:
-            return _pocketfft(x, dim, size, inverse=False)
-        signal = _pocketfft(x, dim, x.shape[dim], inverse=True)
-        # A copy when cut, not a view: autograd forbids in-place updates of views made inside a Function.
-        return signal if size == x.shape[dim] else signal.narrow(dim, 0, size).contiguous()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return PocketfftTransform.apply(grad, ctx.dim, ctx.input_length, not ctx.inverse), None, None, None
-
-
-def _dct_by_fft(x: torch.Tensor) -> torch.Tensor:
-    """Orthonormal DCT-II along the last axis with one real FFT of the same length (Makhoul, 1980): the even-indexed
-    samples followed by the odd-indexed ones reversed, transformed, then rotated by ``exp(-i pi k / 2N)``."""
-    n = x.shape[-1]
-    v = torch.cat([x[..., ::2], x[..., 1::2].flip(-1)], dim=-1)
-    half = torch.fft.rfft(v, dim=-1)
-    # Full spectrum of the real signal v from its half: V[N - k] = conj(V[k]).
-    spectrum = torch.cat([half, half[..., 1 : (n + 1) // 2].flip(-1).conj()], dim=-1)
-    k = torch.arange(n, device=x.device, dtype=x.dtype)
-    out = (spectrum * torch.polar(torch.ones_like(k), -math.pi * k / (2 * n))).real * math.sqrt(2.0 / n)
-    return torch.cat([out[..., :1] / math.sqrt(2.0), out[..., 1:]], dim=-1)
-
-
-def _idct_by_fft(x: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`_dct_by_fft` (orthonormal DCT-III) along the last axis."""
-    n = x.shape[-1]
-    scaled = torch.cat([x[..., :1] * math.sqrt(2.0), x[..., 1:]], dim=-1) * math.sqrt(n / 2.0)
-    # V[k] = (X[k] - i X[N - k]) exp(i pi k / 2N), with X[N] = 0; only k <= N/2 is needed for irfft.
-    m = n // 2 + 1
-    k = torch.arange(m, device=x.device, dtype=x.dtype)
-    mirrored = torch.cat([torch.zeros_like(scaled[..., :1]), scaled.flip(-1)[..., : m - 1]], dim=-1)
-    spectrum = torch.complex(scaled[..., :m], -mirrored) * torch.polar(torch.ones_like(k), math.pi * k / (2 * n))
-    v = torch.fft.irfft(spectrum, n=n, dim=-1)
-    # Undo Makhoul's reordering: y[2j] = v[j], y[2j + 1] = v[n - 1 - j].
-    return torch.stack([v[..., : (n + 1) // 2], v.flip(-1)[..., : (n + 1) // 2]], dim=-1).flatten(-2)[..., :n]
-
-
-def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
-    """The orthonormal transform T of App. C.2 along ``dim`` of x zero-padded to n: the DCT-II (real, n samples) or
-    the real FFT (complex, n // 2 + 1 samples)."""
-    if transform == "dct":
-        return dct(x, dim, n)
-    return torch.fft.rfft(x, n=n, dim=dim, norm="ortho")
-
-
-def kernel_spectrum(kernel: torch.Tensor, transform: str, dim: int = 0) -> torch.Tensor:
-    """The multiplier that makes :func:`long_convolution` convolve with ``kernel``, whose samples lie along ``dim``.
-
-    ``"fft"``: the unnormalised real FFT, which the unnormalised inverse in :func:`long_convolution` turns into exactly
-    a circular convolution; index m of the kernel is the lag m mod N.
-    ``"dct"``: the cosine transform of the kernel's even extension, ``H[k] = h[0] + 2 sum_m h[m] cos(pi k m / N)``,
-    which makes the product in the DCT domain a symmetric convolution (Martucci, 1994); index m is the lag +-m.
-    """
-    if transform == "fft":
-        return torch.fft.rfft(kernel, dim=dim)
-    n = kernel.shape[dim]
-    # h[0] .. h[N-1], 0, h[N-1] .. h[1]: real and even over 2N samples, so its real FFT is real.
-    zero = torch.zeros_like(kernel.narrow(dim, 0, 1))
-    extension = torch.cat([kernel, zero, kernel.narrow(dim, 1, n - 1).flip(dim)], dim)
-    return torch.fft.rfft(extension, dim=dim).real.narrow(dim, 0, n)
-
-
-def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
-    """The global convolution ``T^-1(T(x) * H)`` in O(N log N) along ``dim`` of x zero-padded to n: the first
-    ``x.shape[dim]`` samples.
-
-    ``"fft"``: with ``H = kernel_spectrum(h, "fft")``, exactly the circular convolution
-    ``y[t] = sum_s h[(t - s) mod N] x[s]`` (Sec. 3.2).
-    ``"dct"``: with ``H = kernel_spectrum(h, "dct")``, the symmetric convolution, x extended by its mirror image
-    instead of periodically: ``y[t] = sum_s x[s] (h[|t - s|] + h[t + s + 1])``, where the second term, the reflection
-    at the start of the sequence, reads ``h[2N - m]`` for lags m > N and 0 at m = N.
-    """
-    length = x.shape[dim]
-    if transform == "dct":
-        return idct(dct(x, dim, n) * multiplier, dim, length)
-    spectrum = torch.fft.rfft(x, n=n, dim=dim) * multiplier
-    return torch.fft.irfft(spectrum, n=n, dim=dim).narrow(dim, 0, length)
-
-
-def gated_long_convolution(
-    s1: torch.Tensor,
-    v: torch.Tensor,
-    s2: torch.Tensor,
-    multiplier: torch.Tensor,
-    mask: torch.Tensor | None,
-    transform: str,
-    n: int,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """The chain of order 1.5 of Sec. 3.3, ``s2 * (h * (s1 * v))``, with the long convolution of
-    :func:`long_convolution` by ``multiplier`` in ``dtype``; ``s1 * v`` is cleared where ``mask`` (B, L, 1) is False."""
-    u = masked((s1 * v).to(dtype), mask)
-    return long_convolution(u, multiplier, transform, n) * s2
-
-
-def recomputed_in_backward(function, *args):
-    """``function(*args)``, keeping only ``args`` for backward and recomputing what ``function`` computed from them
-    when backward needs it (a non-reentrant :func:`torch.utils.checkpoint.checkpoint`); without autograd, a plain call.
-
-    The operator runs its long convolutions through this. Written out, autograd keeps the transform of each input and
-    the convolution before its gate, each the size of an activation (padded to the transform length); their inputs are
-    kept anyway (the gates by the short convolution's backward, the block input by ``in_proj``'s), and one transform
-    recomputes each. Nothing inside is a module, so no hook fires twice."""
-    if torch.is_grad_enabled() and any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
-        return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False)
-    return function(*args)
-
-
-# ---------------------------------------------------------------------------------------------
-# Masks and channel groups
-# ---------------------------------------------------------------------------------------------
-
-# Every step between the operator's projections acts on each channel alone. On long inputs the operator runs them for
-# groups of channels in turn, each group's tensors holding about this many numbers (2 MiB in float32) and at least
-# MIN_CHANNEL_GROUP channels: small tensors stay in cache and reuse freed memory, where sequence-sized ones (48 MiB at
-# 16K tokens and width 768) would take fresh pages from the operating system on every call.
-CHANNEL_GROUP_ELEMENTS = 2**19
-MIN_CHANNEL_GROUP = 32
-ALL_CHANNELS = slice(None)
-
-
-def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice | torch.Tensor:
-    """The channels of a (3 d_model)-wide tensor, such as in_proj's output, that hold the gates s1, s2 and the value v
-    of ``channels``: all of them, or an index of the three runs."""
-    if channels == ALL_CHANNELS:
-        return ALL_CHANNELS
-    index = torch.arange(channels.start, channels.stop, device=device)
-    return torch.cat([index, index + d_model, index + 2 * d_model])
-
-
-def channel_groups(channels: int, tokens: int) -> list[slice]:
-    """Consecutive ranges of ``channels`` whose (tokens, group) tensors hold about ``CHANNEL_GROUP_ELEMENTS`` numbers;
-    all channels at once where that would make fewer than four groups, which would save little."""
-    width = max(CHANNEL_GROUP_ELEMENTS // tokens // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP, MIN_CHANNEL_GROUP)
-    if 4 * width > channels:
-        return [ALL_CHANNELS]
-    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
 
 
 def check_values(valid: torch.Tensor, message: str, eager_message: Callable[[], str] | None = None) -> None:
@@ -284,63 +81,6 @@ def check_attention_mask(attention_mask: torch.Tensor, shape: tuple[int, int], n
         binary, f"{rule}; {additive}", lambda: f"{rule}, got {value_range(attention_mask[~binary])}; {additive}"
     )
 
-
-def front_packing_order(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """For each row, the positions of its real tokens in order followed by its padding, (B, L); None when every row
-    already has its real tokens first (right padding or none).
-
-    Orchid mixes each sequence through a transform of fixed length from position 0, so the same tokens give the same
-    outputs only if they start at position 0: rows padded on the left (or with holes) are gathered into this order
-    before mixing and scattered back after."""
-    if attention_mask is None:
-        return None
-    real = attention_mask.bool()
-    # Under torch.compile the order is always taken (the identity for right padding): a graph cannot branch on data.
-    if not torch.compiler.is_compiling() and bool((real[:, 1:] <= real[:, :-1]).all()):
-        return None
-    # A stable sort of "is padding" keeps the real tokens, then the padding, each in their order.
-    return torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
-
-
-def gather_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``x[b, order[b]]`` for each row b of x (B, L, ...)."""
-    index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
-    return torch.gather(x, 1, index)
-
-
-def scatter_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`gather_rows`: ``out[b, order[b]] = x[b]``."""
-    index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
-    return torch.empty_like(x).scatter_(1, index, x)
-
-
-def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
-    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
-    return x if mask is None else x.masked_fill(~mask, 0.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Short convolution
-# ---------------------------------------------------------------------------------------------
-
-
-def depthwise_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int = 0) -> torch.Tensor:
-    """x (B, L, C) convolved along L, each channel with its own kernel (weight (C, 1, k), bias (C)), with ``padding``
-    zeros at either end. It runs as a 2-D depthwise convolution of height 1 on a channels-last view of x, which oneDNN
-    computes without transposing the activations."""
-    image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
-    out = F.conv2d(image, weight.unsqueeze(2), bias, padding=(0, padding), groups=weight.shape[0])
-    return out.squeeze(2).transpose(1, 2)
-
-
-def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
-    """The centred depthwise convolution of :class:`ShortConvolution`: around the circle where ``wrap`` (and the
-    sequence is at least as long as the kernel's reach), else over zeros."""
-    pad = weight.shape[-1] // 2
-    if wrap and 0 < pad <= x.shape[1]:
-        return depthwise_convolution(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
-    return depthwise_convolution(x, weight, bias, pad)
 
 
 class ShortConvolution(nn.Module):
@@ -528,9 +268,11 @@ class ImplicitFilter(DerivedBuffers):
         return self.lag_response() * self.envelope.to(self.skip.dtype)
 
     def lag_response(self) -> torch.Tensor:
-        """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN."""
+        """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN. Under autograd
+        the FFN's inner activations, (length, width) each, are recomputed in backward instead of kept."""
         # The skip parameter tells the filter's dtype; the constant features follow it.
-        return self.ffn(self.lag_features.to(self.skip.dtype))
+        features = self.lag_features.to(self.skip.dtype)
+        return recomputed_in_backward(self.ffn, features, modules=(self.ffn,))
 
     def spectrum(
         self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
@@ -792,15 +534,18 @@ class OrchidOperator(nn.Module):
         attention_mask: torch.Tensor | None = None,
         conditioning_input: torch.Tensor | None = None,
         conditioning_mask: torch.Tensor | None = None,
+        rows_packed: bool = False,
     ) -> torch.Tensor:
         """x: (B, L, d), 1 <= L <= max_len; attention_mask: (B, L), 1 for real tokens and 0 for padding; returns
         (B, L, d).
 
         ``conditioning_input`` u (B, L_u, d), L_u <= max_len, makes the kernel h_theta(u) instead of h_theta(v)
         (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
+        ``rows_packed=True`` says that every row of x already has its real tokens first (``OrchidModel`` packs the rows
+        once per call, for all its layers), so the operator does not look for rows to pack.
         """
         self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
-        order = front_packing_order(attention_mask)
+        order = None if rows_packed else front_packing_order(attention_mask)
         if order is not None:
             x, attention_mask = gather_rows(x, order), gather_rows(attention_mask, order)
         y = self._mix(x, attention_mask, conditioning_input, conditioning_mask)
@@ -813,59 +558,52 @@ class OrchidOperator(nn.Module):
         conditioning_input: torch.Tensor | None,
         conditioning_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        n, d = self.max_len, self.d_model
+        """Listing 1 on rows whose real tokens come first: the projections here, the rest per channel."""
         mask = None if attention_mask is None else attention_mask.bool().unsqueeze(-1)  # (B, L, 1)
-        # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
-        compute_dtype = torch.promote_types(x.dtype, torch.float32)
         # Padded positions are cleared first: a NaN there would otherwise reach the weights' gradients through in_proj.
         x = masked(x, mask)
-        projected = masked(self.in_proj(x), mask)
-        # A sequence shorter than the transform is zero-padded to it: its circle closes over zeros.
-        wrap = x.shape[1] == n
-        if self.conditioning is not None:
-            if conditioning_input is None:
-                # h_theta reads v before the short convolution (Listing 1).
-                source, source_mask = projected[..., 2 * d :], mask
-            else:
-                source, source_mask = self._project_value(conditioning_input, conditioning_mask)
+        projected = masked(self.in_proj(x), mask)  # s1, s2 and v before the short convolution
+        source, source_mask = projected[..., 2 * self.d_model :], mask  # h_theta reads v (Listing 1)
+        if conditioning_input is not None:  # or another sequence (Remark 3.3)
+            source, source_mask = self._project_value(conditioning_input, conditioning_mask)
         with torch.autocast(device_type=x.device.type, enabled=False):
             static = self.static_filter.lag_response()
             residual = None if self.residual_filter is None else self.residual_filter.lag_response()
-        # From here on every step acts on each channel alone. Without autograd, long inputs run a group of channels at
-        # a time (see channel_groups). Under autograd every group's intermediates are kept for backward anyway, so
-        # groups would save no memory, only add copies (each group's gates) and, in backward, the joining of the
-        # groups' gradients: all channels go at once. Both ways give the same results.
-        groups = [ALL_CHANNELS] if torch.is_grad_enabled() else channel_groups(d, x.shape[0] * n)
-        pieces = {"x": x, "gates": projected.unflatten(-1, (3, d)), "static": static, "residual": residual}
-        if self.conditioning is not None:
-            pieces["source"] = source
-        if len(groups) == 1:
-            pieces = {name: (tensor,) for name, tensor in pieces.items() if tensor is not None}
-        else:
-            # Split at once: the backward of one split joins the groups' gradients in one pass.
-            sizes = [len(range(d)[channels]) for channels in groups]
-            pieces = {name: tensor.split(sizes, dim=-1) for name, tensor in pieces.items() if tensor is not None}
-        outputs = []
-        for index, channels in enumerate(groups):
-            group = {name: split[index] for name, split in pieces.items()}
-            # s1, s2 and v of these channels, through the short convolution.
-            gated = self.short_conv(group["gates"].flatten(-2), wrap, gate_channels(channels, d, x.device))
-            s1, s2, v = gated.chunk(3, dim=-1)
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                # The kernel h = h0 + h_theta in the transform domain (Remark 3.2).
-                kernel = self.static_filter.spectrum(compute_dtype, group["static"], channels)
-                if self.conditioning is not None:
-                    kernel = kernel + self.conditioning(group["source"].to(compute_dtype), n, source_mask, channels)
-                # y = s2 * (h * (s1 * v)), the chain of order 1.5 (Sec. 3.3).
-                y = recomputed_in_backward(
-                    gated_long_convolution, s1, v, s2, kernel, mask, self.transform, n, compute_dtype
-                )
-                if residual is not None:
-                    multiplier = self.residual_filter.spectrum(compute_dtype, group["residual"], channels)
-                    block_input = group["x"].to(compute_dtype)
-                    y = y + recomputed_in_backward(long_convolution, block_input, multiplier, self.transform, n)
-                outputs.append(masked(y, mask).to(x.dtype))
-        return self.out_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1))
+        channel_inputs = {
+            "x": x,
+            "gates": projected.unflatten(-1, (3, self.d_model)),
+            "source": None if self.conditioning is None else source,
+            "static": static,
+            "residual": residual,
+        }
+        y = in_channel_groups(
+            self._mix_channels,
+            channel_inputs,
+            {"mask": mask, "source_mask": source_mask},
+            tokens=x.shape[0] * self.max_len,
+            recomputed_modules=(self.short_conv, self.conditioning, self.static_filter, self.residual_filter),
+        )
+        return self.out_proj(y)
+
+    def _mix_channels(self, channels, x, gates, source, static, residual, mask, source_mask) -> torch.Tensor:
+        """Listing 1 between the projections, for ``channels`` (the inputs hold those channels only): the short
+        convolution, the kernel h = h0 + h_theta(v) in the transform domain, ``y = s2 * (h * (s1 * v))``, and the
+        residual long convolution of the block input (App. C.3)."""
+        n = self.max_len
+        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
+        gated = self.short_conv(gates.flatten(-2), wrap, gate_channels(channels, self.d_model, x.device))
+        s1, s2, v = gated.chunk(3, dim=-1)
+        # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            kernel = self.static_filter.spectrum(dtype, static, channels)
+            if self.conditioning is not None:
+                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask, channels)
+            y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
+            if residual is not None:
+                multiplier = self.residual_filter.spectrum(dtype, residual, channels)
+                y = y + long_convolution(x.to(dtype), multiplier, self.transform, n)
+        return masked(y, mask).to(x.dtype)
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None
@@ -960,40 +698,3 @@ class BlockDiagonalLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, num_blocks={self.num_blocks}"
 
 
-class GatedActivation(torch.autograd.Function):
-    """The GLU of M2-BERT's MLP, ``act(gate) * value`` with ``gate, value = hidden.chunk(2, -1)``, saving only
-    ``hidden`` for backward.
-
-    Written out by autograd, the GLU saves ``act(gate)`` as well (half the size of ``hidden``), and the gradients of
-    the two halves are joined by a concatenation in backward. Here the backward recomputes ``act(gate)``, which costs
-    one elementwise pass, and writes both halves of the gradient into one tensor. The results equal the written-out
-    GLU's, gradients included; double backward works (a ``create_graph`` backward is differentiable).
-
-    ``act`` is the MLP's activation module; it is called as a module in forward, so its hooks fire once per call, and
-    its ``forward`` is called directly when backward recomputes it.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, act: nn.Module) -> torch.Tensor:
-        ctx.act = act
-        ctx.save_for_backward(hidden)
-        gate, value = hidden.chunk(2, dim=-1)
-        return act(gate) * value
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (hidden,) = ctx.saved_tensors
-        gate, value = hidden.chunk(2, dim=-1)
-        if torch.is_grad_enabled():  # backward(create_graph=True): build the gradient from differentiable steps
-            activated = ctx.act.forward(gate)
-            (grad_gate,) = torch.autograd.grad(activated, gate, grad * value, create_graph=True)
-            return torch.cat([grad_gate, grad * activated], dim=-1), None
-        with torch.enable_grad():
-            leaf = gate.detach().requires_grad_(True)
-            activated = ctx.act.forward(leaf)
-        grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-        grad_gate, grad_value = grad_hidden.chunk(2, dim=-1)
-        torch.mul(grad, activated.detach(), out=grad_value)
-        (local,) = torch.autograd.grad(activated, leaf, grad * value)
-        grad_gate.copy_(local)
-        return grad_hidden, None

@@ -55,7 +55,7 @@ def from_pretrained(loader, name_or_path: str, *, what: str, how_to_local: str, 
             f"HF_HUB_OFFLINE is set. {how_to_local}"
         ) from error
 
-REMOTE_CODE_FILES = ("configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py")
+REMOTE_CODE_FILES = ("configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py", "orchid_ops.py")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
 OPTIONAL_FILES = ("generation_config.json", "results.json", "glue_results.json", "glue_results.md")

@@ -38,13 +38,10 @@ from .modeling.modeling_orchid import (
     OrchidMLP,
     OrchidPreTrainedModel,
 )
-from .modeling.orchid_layers import (
+from .modeling.orchid_layers import BlockDiagonalLinear, ConditioningNetwork, OrchidOperator, cross_spectrum
+from .modeling.orchid_ops import (
     ALL_CHANNELS,
-    BlockDiagonalLinear,
-    ConditioningNetwork,
-    OrchidOperator,
     channel_groups,
-    cross_spectrum,
     depthwise_convolution,
     forward_transform,
     front_packing_order,

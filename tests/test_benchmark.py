@@ -183,7 +183,7 @@ def test_operator_memory_grows_with_length_and_attention_math_fastest():
 
 def test_pocketfft_results_are_counted_by_the_memory_profile():
     # pocketfft writes into tensors of torch's own, so the profiler that measures peak memory sees them.
-    from orchid_hf.modeling.orchid_layers import dct
+    from orchid_hf.modeling.orchid_ops import dct
 
     x = torch.randn(1, 4096, 16)
     with torch.no_grad():
@@ -434,12 +434,12 @@ def test_profile_train_writes_a_table_of_the_training_steps_top_ops(tmp_path, ca
 
 
 def test_saved_bytes_per_layer_counts_what_one_layer_saves_for_backward():
-    """The two-layer-minus-one-layer count equals a direct count of what one OrchidLayer's forward saves."""
+    """The two-layer-minus-one-layer count equals a direct count of what one OrchidLayer's forward keeps alive."""
     per_layer = profiles.saved_bytes_per_layer("orchid", 2, 16, quick_settings())
     torch.manual_seed(0)
     model = candidates.build_masked_lm("orchid", True, 16, layers=1).train()
     hidden = torch.randn(2, 16, model.config.hidden_size, requires_grad=True)
-    assert per_layer == measure.saved_storage_bytes(model.orchid.encoder.layer[0], hidden) > 0
+    assert per_layer == measure.retained_bytes(model.orchid.encoder.layer[0], hidden) > 0
 
 
 @pytest.mark.slow

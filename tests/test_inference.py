@@ -10,7 +10,7 @@ import numpy as np
 import peft
 import pytest
 import torch
-from orchid_hf.modeling import orchid_layers
+from orchid_hf.modeling import orchid_ops
 from torch import nn
 
 from orchid_hf import (
@@ -37,8 +37,8 @@ def input_size(request, monkeypatch):
     embeddings' LayerNorm a token at a time, and everything after the mixer on chunks of 7 tokens."""
     if request.param == "long inputs":
         # The channel groups are the plain operator's, so the plain model takes them as well.
-        monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
-        monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 3)
+        monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 1)
+        monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 3)
         for name, value in [("LONG_INPUT_TOKENS", 1), ("SHORT_CONV_CHUNK_ELEMENTS", 1), ("TOKEN_CHUNK_ELEMENTS", 1),
                             ("MLP_CHUNK_ELEMENTS", 1), ("MLP_MIN_CHUNK_TOKENS", 7)]:
             monkeypatch.setattr(inference, name, value)

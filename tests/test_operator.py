@@ -6,16 +6,9 @@ import pytest
 import scipy.fft
 import torch
 import torch.nn.functional as F
-from orchid_hf.modeling import orchid_layers
-from orchid_hf.modeling.orchid_layers import (
-    CONDITIONING_ACTIVATIONS,
-    ConditioningNetwork,
-    ImplicitFilter,
-    dct,
-    idct,
-    kernel_spectrum,
-    long_convolution,
-)
+from orchid_hf.modeling import orchid_ops
+from orchid_hf.modeling.orchid_layers import CONDITIONING_ACTIVATIONS, ConditioningNetwork, ImplicitFilter
+from orchid_hf.modeling.orchid_ops import dct, idct, kernel_spectrum, long_convolution
 
 from orchid_hf import BlockDiagonalLinear, OrchidOperator
 
@@ -27,8 +20,8 @@ def dct_backend(request, monkeypatch):
     """The DCT through pocketfft, as on the CPU, and through torch's real FFT (Makhoul's algorithm), as on a GPU or
     without SciPy: every test that computes a DCT runs with both (``both_dct_backends``)."""
     if request.param == "torch DCT":
-        monkeypatch.setattr(orchid_layers, "scipy_fft", None)
-    assert orchid_layers.uses_pocketfft(torch.zeros(1)) == (request.param == "pocketfft DCT")
+        monkeypatch.setattr(orchid_ops, "scipy_fft", None)
+    assert orchid_ops.uses_pocketfft(torch.zeros(1)) == (request.param == "pocketfft DCT")
     return request.param
 
 
@@ -125,7 +118,7 @@ def test_the_dct_of_a_strided_view_leaves_the_input_alone():
     out = dct(x, dim=1, n=40)
     assert torch.equal(rows, before)
     np.testing.assert_allclose(out.numpy(), scipy.fft.dct(x.numpy(), n=40, axis=1, norm="ortho"), atol=1e-12)
-    if orchid_layers.uses_pocketfft(x):  # pocketfft writes into a tensor of torch's, which its profiler counts
+    if orchid_ops.uses_pocketfft(x):  # pocketfft writes into a tensor of torch's, which its profiler counts
         assert out.is_contiguous()
 
 
@@ -362,13 +355,13 @@ def test_channel_groups_without_autograd_give_the_outputs_of_all_channels_at_onc
         if data_dependent:
             calls.append({"attention_mask": mask, "conditioning_input": u, "conditioning_mask": u_mask})
         for kwargs in calls:
-            monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 2**19)
-            monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 32)
+            monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 2**19)
+            monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 32)
             together = op(x, **kwargs)
             assert together.requires_grad  # under autograd
-            monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
-            monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
-            assert len(orchid_layers.channel_groups(6, 3 * 16)) == 6  # one channel per group
+            monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 1)
+            monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 1)
+            assert len(orchid_ops.channel_groups(6, 3 * 16)) == 6  # one channel per group
             with torch.no_grad():
                 grouped = op(x, **kwargs)
             torch.testing.assert_close(grouped, together.detach(), rtol=0, atol=1e-12)
@@ -526,20 +519,20 @@ def test_non_finite_values_at_padded_positions_never_reach_real_tokens(value, si
 
 
 def test_channel_groups_cover_every_channel_once(monkeypatch):
-    assert orchid_layers.channel_groups(13, tokens=64) == [slice(None)]
-    monkeypatch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 1)
-    monkeypatch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 1)
-    assert orchid_layers.channel_groups(13, tokens=64) == [slice(i, i + 1) for i in range(13)]
+    assert orchid_ops.channel_groups(13, tokens=64) == [slice(None)]
+    monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 1)
+    monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 1)
+    assert orchid_ops.channel_groups(13, tokens=64) == [slice(i, i + 1) for i in range(13)]
     # At the defaults (2^19 numbers, at least 32 channels): all of orchid-bert-base's 768 channels at once at (8, 128),
     # groups of 128 at (1, 4096) and of 32 at (1, 16384).
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(orchid_layers, "CHANNEL_GROUP_ELEMENTS", 2**19)
-        patch.setattr(orchid_layers, "MIN_CHANNEL_GROUP", 32)
-        assert orchid_layers.channel_groups(768, 8 * 128) == [slice(None)]
-        assert orchid_layers.channel_groups(768, 4096) == [slice(i, i + 128) for i in range(0, 768, 128)]
-        assert len(orchid_layers.channel_groups(768, 16384)) == 24
-        assert orchid_layers.channel_groups(130, 16384)[-1] == slice(128, 130)  # the last group narrower
-        assert orchid_layers.channel_groups(100, 16384) == [slice(None)]  # three groups would save little
+        patch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 2**19)
+        patch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 32)
+        assert orchid_ops.channel_groups(768, 8 * 128) == [slice(None)]
+        assert orchid_ops.channel_groups(768, 4096) == [slice(i, i + 128) for i in range(0, 768, 128)]
+        assert len(orchid_ops.channel_groups(768, 16384)) == 24
+        assert orchid_ops.channel_groups(130, 16384)[-1] == slice(128, 130)  # the last group narrower
+        assert orchid_ops.channel_groups(100, 16384) == [slice(None)]  # three groups would save little
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.long, torch.float32, torch.float16])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from orchid_hf.modeling.orchid_layers import dct, idct, masked
+from orchid_hf.modeling.orchid_ops import dct, idct, masked
 from torch import nn
 
 

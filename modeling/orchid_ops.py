@@ -1,0 +1,526 @@
+"""The operations of the Orchid layer, each a function of tensors: the transforms (DCT and FFT), the long and short
+convolutions, masks and the packing of padded rows, channel groups, and the steps that keep less for backward by
+recomputing in it. ``modeling/orchid_layers.py`` builds the modules of the paper from these.
+
+Each fast operation has a plain reference beside it, named ``*_ref``, written the way the paper defines it (matrix
+transforms, direct sums over lags); the tests compare the two. The references are slow and are never called by the
+model.
+
+This file depends only on torch and the standard library (SciPy, when installed, computes the DCT on the CPU), so
+that it ships to the Hub as remote code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+try:  # optional: the DCT on the CPU, see `dct`
+    import scipy.fft as scipy_fft
+except ImportError:
+    scipy_fft = None
+
+# ---------------------------------------------------------------------------------------------
+# Transforms (App. C.2): the orthonormal DCT-II and the real FFT
+# ---------------------------------------------------------------------------------------------
+
+
+def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
+    """Orthonormal DCT-II along ``dim`` of ``x`` zero-padded to length ``n`` (default: its own length); equal to
+    ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
+
+    On the CPU (float32 or float64, eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT
+    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980).
+    """
+    dim = dim % x.dim()
+    n = x.shape[dim] if n is None else n
+    if n < x.shape[dim]:
+        raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
+    if uses_pocketfft(x):
+        return PocketfftTransform.apply(x, dim, n, False)
+    if n > x.shape[dim]:
+        x = torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
+    return _dct_by_fft(x.movedim(dim, -1)).movedim(-1, dim)
+
+
+def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Tensor:
+    """The first ``length`` samples (default: all) of the orthonormal inverse DCT (DCT-III) along ``dim``; equal to
+    ``scipy.fft.idct(x, axis=dim, norm="ortho")`` cut to ``length``."""
+    dim = dim % x.dim()
+    length = x.shape[dim] if length is None else length
+    if uses_pocketfft(x):
+        return PocketfftTransform.apply(x, dim, length, True)
+    return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
+
+
+def uses_pocketfft(x: torch.Tensor) -> bool:
+    """Whether :func:`dct` and :func:`idct` run through SciPy's pocketfft for tensors like ``x``: on the CPU, in
+    float32 or float64, outside ``torch.compile``, with SciPy installed."""
+    return (
+        scipy_fft is not None
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _pocketfft(x: torch.Tensor, dim: int, size: int, inverse: bool) -> torch.Tensor:
+    """The orthonormal DCT-II (or, ``inverse``, DCT-III) of size ``size`` along ``dim`` of x zero-padded to it.
+
+    The result is a tensor that torch allocates and pocketfft overwrites in place, so that torch's memory profiler
+    counts it like any other tensor."""
+    out = x.new_empty(*x.shape[:dim], size, *x.shape[dim + 1 :])
+    out.narrow(dim, 0, x.shape[dim]).copy_(x)
+    out.narrow(dim, x.shape[dim], size - x.shape[dim]).zero_()
+    return pocketfft_in_place(out, dim, inverse)
+
+
+def pocketfft_in_place(out: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
+    """The orthonormal DCT-II (or, ``inverse``, DCT-III) along ``dim`` of the CPU tensor ``out``, written over it."""
+    array = out.detach().numpy()
+    transform = scipy_fft.idct if inverse else scipy_fft.dct
+    result = transform(array, type=2, axis=dim, norm="ortho", overwrite_x=True, workers=torch.get_num_threads())
+    if result.ctypes.data != array.ctypes.data:  # SciPy may decline to work in place
+        out.copy_(torch.from_numpy(result))
+    return out
+
+
+class PocketfftTransform(torch.autograd.Function):
+    """:func:`dct` (``inverse=False``: x zero-padded to ``size``) or :func:`idct` (``inverse=True``: the first
+    ``size`` samples) through pocketfft, with its gradient. The DCT is orthonormal, so the gradient of the padded DCT
+    is the inverse DCT cut to the input's length, and the gradient of the cut inverse is the DCT of the gradient
+    padded back; each backward calls the other direction through this Function, so double backward works too."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, size: int, inverse: bool) -> torch.Tensor:
+        ctx.dim, ctx.inverse, ctx.input_length = dim, inverse, x.shape[dim]
+        if not inverse:
+            return _pocketfft(x, dim, size, inverse=False)
+        signal = _pocketfft(x, dim, x.shape[dim], inverse=True)
+        # A copy when cut, not a view: autograd forbids in-place updates of views made inside a Function.
+        return signal if size == x.shape[dim] else signal.narrow(dim, 0, size).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return PocketfftTransform.apply(grad, ctx.dim, ctx.input_length, not ctx.inverse), None, None, None
+
+
+def _dct_by_fft(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal DCT-II along the last axis with one real FFT of the same length (Makhoul, 1980): the even-indexed
+    samples followed by the odd-indexed ones reversed, transformed, then rotated by ``exp(-i pi k / 2N)``."""
+    n = x.shape[-1]
+    v = torch.cat([x[..., ::2], x[..., 1::2].flip(-1)], dim=-1)
+    half = torch.fft.rfft(v, dim=-1)
+    # Full spectrum of the real signal v from its half: V[N - k] = conj(V[k]).
+    spectrum = torch.cat([half, half[..., 1 : (n + 1) // 2].flip(-1).conj()], dim=-1)
+    k = torch.arange(n, device=x.device, dtype=x.dtype)
+    out = (spectrum * torch.polar(torch.ones_like(k), -math.pi * k / (2 * n))).real * math.sqrt(2.0 / n)
+    return torch.cat([out[..., :1] / math.sqrt(2.0), out[..., 1:]], dim=-1)
+
+
+def _idct_by_fft(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_dct_by_fft` (orthonormal DCT-III) along the last axis."""
+    n = x.shape[-1]
+    scaled = torch.cat([x[..., :1] * math.sqrt(2.0), x[..., 1:]], dim=-1) * math.sqrt(n / 2.0)
+    # V[k] = (X[k] - i X[N - k]) exp(i pi k / 2N), with X[N] = 0; only k <= N/2 is needed for irfft.
+    m = n // 2 + 1
+    k = torch.arange(m, device=x.device, dtype=x.dtype)
+    mirrored = torch.cat([torch.zeros_like(scaled[..., :1]), scaled.flip(-1)[..., : m - 1]], dim=-1)
+    spectrum = torch.complex(scaled[..., :m], -mirrored) * torch.polar(torch.ones_like(k), math.pi * k / (2 * n))
+    v = torch.fft.irfft(spectrum, n=n, dim=-1)
+    # Undo Makhoul's reordering: y[2j] = v[j], y[2j + 1] = v[n - 1 - j].
+    return torch.stack([v[..., : (n + 1) // 2], v.flip(-1)[..., : (n + 1) // 2]], dim=-1).flatten(-2)[..., :n]
+
+
+def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
+    """The orthonormal transform T of App. C.2 along ``dim`` of x zero-padded to n: the DCT-II (real, n samples) or
+    the real FFT (complex, n // 2 + 1 samples)."""
+    if transform == "dct":
+        return dct(x, dim, n)
+    return torch.fft.rfft(x, n=n, dim=dim, norm="ortho")
+
+
+def kernel_spectrum(kernel: torch.Tensor, transform: str, dim: int = 0) -> torch.Tensor:
+    """The multiplier that makes :func:`long_convolution` convolve with ``kernel``, whose samples lie along ``dim``.
+
+    ``"fft"``: the unnormalised real FFT, which the unnormalised inverse in :func:`long_convolution` turns into exactly
+    a circular convolution; index m of the kernel is the lag m mod N.
+    ``"dct"``: the cosine transform of the kernel's even extension, ``H[k] = h[0] + 2 sum_m h[m] cos(pi k m / N)``,
+    which makes the product in the DCT domain a symmetric convolution (Martucci, 1994); index m is the lag +-m.
+    """
+    if transform == "fft":
+        return torch.fft.rfft(kernel, dim=dim)
+    n = kernel.shape[dim]
+    # h[0] .. h[N-1], 0, h[N-1] .. h[1]: real and even over 2N samples, so its real FFT is real.
+    zero = torch.zeros_like(kernel.narrow(dim, 0, 1))
+    extension = torch.cat([kernel, zero, kernel.narrow(dim, 1, n - 1).flip(dim)], dim)
+    return torch.fft.rfft(extension, dim=dim).real.narrow(dim, 0, n)
+
+
+def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
+    """The global convolution ``T^-1(T(x) * H)`` in O(N log N) along ``dim`` of x zero-padded to n: the first
+    ``x.shape[dim]`` samples.
+
+    ``"fft"``: with ``H = kernel_spectrum(h, "fft")``, exactly the circular convolution
+    ``y[t] = sum_s h[(t - s) mod N] x[s]`` (Sec. 3.2).
+    ``"dct"``: with ``H = kernel_spectrum(h, "dct")``, the symmetric convolution, x extended by its mirror image
+    instead of periodically: ``y[t] = sum_s x[s] (h[|t - s|] + h[t + s + 1])``, where the second term, the reflection
+    at the start of the sequence, reads ``h[2N - m]`` for lags m > N and 0 at m = N.
+    """
+    length = x.shape[dim]
+    if transform == "dct":
+        return idct(dct(x, dim, n) * multiplier, dim, length)
+    spectrum = torch.fft.rfft(x, n=n, dim=dim) * multiplier
+    return torch.fft.irfft(spectrum, n=n, dim=dim).narrow(dim, 0, length)
+
+
+def gated_long_convolution(
+    s1: torch.Tensor,
+    v: torch.Tensor,
+    s2: torch.Tensor,
+    multiplier: torch.Tensor,
+    mask: torch.Tensor | None,
+    transform: str,
+    n: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The chain of order 1.5 of Sec. 3.3, ``s2 * (h * (s1 * v))``, with the long convolution of
+    :func:`long_convolution` by ``multiplier`` in ``dtype``; ``s1 * v`` is cleared where ``mask`` (B, L, 1) is False."""
+    u = masked((s1 * v).to(dtype), mask)
+    return long_convolution(u, multiplier, transform, n) * s2
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks and channel groups
+# ---------------------------------------------------------------------------------------------
+
+# Every step between the operator's projections acts on each channel alone. On long inputs the operator runs them for
+# groups of channels in turn, each group's tensors holding about this many numbers (2 MiB in float32) and at least
+# MIN_CHANNEL_GROUP channels: small tensors stay in cache and reuse freed memory, where sequence-sized ones (48 MiB at
+# 16K tokens and width 768) would take fresh pages from the operating system on every call.
+CHANNEL_GROUP_ELEMENTS = 2**19
+MIN_CHANNEL_GROUP = 32
+ALL_CHANNELS = slice(None)
+
+
+def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice | torch.Tensor:
+    """The channels of a (3 d_model)-wide tensor, such as in_proj's output, that hold the gates s1, s2 and the value v
+    of ``channels``: all of them, or an index of the three runs."""
+    if channels == ALL_CHANNELS:
+        return ALL_CHANNELS
+    index = torch.arange(channels.start, channels.stop, device=device)
+    return torch.cat([index, index + d_model, index + 2 * d_model])
+
+
+def channel_groups(channels: int, tokens: int) -> list[slice]:
+    """Consecutive ranges of ``channels`` whose (tokens, group) tensors hold about ``CHANNEL_GROUP_ELEMENTS`` numbers;
+    all channels at once where that would make fewer than four groups, which would save little."""
+    width = max(CHANNEL_GROUP_ELEMENTS // tokens // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP, MIN_CHANNEL_GROUP)
+    if 4 * width > channels:
+        return [ALL_CHANNELS]
+    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
+
+
+def in_channel_groups(
+    function: Callable[..., torch.Tensor],
+    channel_inputs: dict[str, torch.Tensor | None],
+    shared_inputs: dict[str, torch.Tensor | None],
+    tokens: int,
+    recomputed_modules: tuple[nn.Module | None, ...] = (),
+) -> torch.Tensor:
+    """``function(channels, **channel_inputs, **shared_inputs)`` for all channels, joined along the last axis.
+
+    Every tensor of ``channel_inputs`` holds the channels along its last axis; ``shared_inputs`` (masks) go whole to
+    every call. Under autograd it is one call, recomputed in backward (:func:`recomputed_in_backward`, with
+    ``recomputed_modules`` the modules ``function`` calls). Without autograd, long inputs (``tokens`` positions per
+    channel) run a group of channels at a time (:func:`channel_groups`). Under autograd, groups would save no memory,
+    only add copies and the joining of the groups' gradients in backward. Both ways give the same results."""
+    if torch.is_grad_enabled():
+        inputs = {**channel_inputs, **shared_inputs}
+        return recomputed_in_backward(function, ALL_CHANNELS, modules=recomputed_modules, **inputs)
+    width = next(tensor.shape[-1] for tensor in channel_inputs.values() if tensor is not None)
+    groups = channel_groups(width, tokens)
+    if len(groups) == 1:
+        return function(ALL_CHANNELS, **channel_inputs, **shared_inputs)
+    # Split at once: one pass over each input instead of one strided copy per group.
+    sizes = [len(range(width)[channels]) for channels in groups]
+    splits = {name: None if t is None else t.split(sizes, dim=-1) for name, t in channel_inputs.items()}
+    outputs = [
+        function(channels, **{name: None if s is None else s[i] for name, s in splits.items()}, **shared_inputs)
+        for i, channels in enumerate(groups)
+    ]
+    return torch.cat(outputs, dim=-1)
+
+
+def front_packing_order(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """For each row, the positions of its real tokens in order followed by its padding, (B, L); None when every row
+    already has its real tokens first (right padding or none).
+
+    Orchid mixes each sequence through a transform of fixed length from position 0, so the same tokens give the same
+    outputs only if they start at position 0: rows padded on the left (or with holes) are gathered into this order
+    before mixing and scattered back after."""
+    if attention_mask is None:
+        return None
+    real = attention_mask.bool()
+    # Under torch.compile the order is always taken (the identity for right padding): a graph cannot branch on data.
+    if not torch.compiler.is_compiling() and bool((real[:, 1:] <= real[:, :-1]).all()):
+        return None
+    # A stable sort of "is padding" keeps the real tokens, then the padding, each in their order.
+    return torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
+
+
+def gather_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x[b, order[b]]`` for each row b of x (B, L, ...)."""
+    index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
+    return torch.gather(x, 1, index)
+
+
+def scatter_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`gather_rows`: ``out[b, order[b]] = x[b]``."""
+    index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
+    return torch.empty_like(x).scatter_(1, index, x)
+
+
+def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
+    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
+    return x if mask is None else x.masked_fill(~mask, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Short convolution
+# ---------------------------------------------------------------------------------------------
+
+
+def depthwise_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int = 0) -> torch.Tensor:
+    """x (B, L, C) convolved along L, each channel with its own kernel (weight (C, 1, k), bias (C)), with ``padding``
+    zeros at either end. It runs as a 2-D depthwise convolution of height 1 on a channels-last view of x, which oneDNN
+    computes without transposing the activations."""
+    image = x.transpose(1, 2).unsqueeze(2)  # (B, C, 1, L): a channels-last view, no copy
+    out = F.conv2d(image, weight.unsqueeze(2), bias, padding=(0, padding), groups=weight.shape[0])
+    return out.squeeze(2).transpose(1, 2)
+
+
+def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """The centred depthwise convolution of :class:`ShortConvolution`: around the circle where ``wrap`` (and the
+    sequence is at least as long as the kernel's reach), else over zeros."""
+    pad = weight.shape[-1] // 2
+    if wrap and 0 < pad <= x.shape[1]:
+        return depthwise_convolution(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
+    return depthwise_convolution(x, weight, bias, pad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Keeping less for backward: recomputation
+# ---------------------------------------------------------------------------------------------
+
+
+def observed(modules: tuple[nn.Module | None, ...]) -> bool:
+    """Whether a hook would notice that the forward of ``modules`` (and their submodules) runs again in backward:
+    any forward or backward hook on them, or a global module hook."""
+    module_hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    global_hooks = tuple(f"_global{name}" for name in module_hooks) + ("_global_forward_hooks_always_called",)
+    if any(getattr(nn.modules.module, name, None) for name in global_hooks):
+        return True
+    return any(
+        getattr(submodule, name) for module in modules if module is not None
+        for submodule in module.modules() for name in module_hooks
+    )  # fmt: skip
+
+
+def recomputed_in_backward(function: Callable[..., torch.Tensor], *args, modules=(), **kwargs) -> torch.Tensor:
+    """``function(*args, **kwargs)``, keeping only its inputs for backward and recomputing what it computed from them
+    when backward needs it (a non-reentrant :func:`torch.utils.checkpoint.checkpoint`).
+
+    The operator runs everything between its projections through this: written out, autograd would keep the short
+    convolution's output, the conditioning network's spectra, the kernel, and the transform of each long
+    convolution's input, each the size of an activation; recomputed, it keeps the input projection's output, which
+    the short convolution's backward needs anyway. ``modules`` are the modules ``function`` calls: where a hook
+    watches one of them (:func:`observed`), running it again would fire the hook twice, so the call is a plain one,
+    as it is without autograd. Both ways give the same results."""
+    inputs = (*args, *kwargs.values())
+    needs_grad = any(isinstance(value, torch.Tensor) and value.requires_grad for value in inputs) or any(
+        parameter.requires_grad for module in modules if module is not None for parameter in module.parameters()
+    )
+    if torch.is_grad_enabled() and needs_grad and not observed(modules):
+        return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+    return function(*args, **kwargs)
+
+
+class GatedActivation(torch.autograd.Function):
+    """The GLU of M2-BERT's MLP, ``act(gate) * value`` with ``gate, value = hidden.chunk(2, -1)``, saving only
+    ``hidden`` for backward.
+
+    Written out by autograd, the GLU saves ``act(gate)`` as well (half the size of ``hidden``), and the gradients of
+    the two halves are joined by a concatenation in backward. Here the backward recomputes ``act(gate)``, which costs
+    one elementwise pass, and writes both halves of the gradient into one tensor. The results equal the written-out
+    GLU's, gradients included; double backward works (a ``create_graph`` backward is differentiable).
+
+    ``act`` is the MLP's activation module; it is called as a module in forward, so its hooks fire once per call, and
+    its ``forward`` is called directly when backward recomputes it.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        ctx.act = act
+        ctx.save_for_backward(hidden)
+        gate, value = hidden.chunk(2, dim=-1)
+        return act(gate) * value
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (hidden,) = ctx.saved_tensors
+        gate, value = hidden.chunk(2, dim=-1)
+        if torch.is_grad_enabled():  # backward(create_graph=True): build the gradient from differentiable steps
+            activated = ctx.act.forward(gate)
+            (grad_gate,) = torch.autograd.grad(activated, gate, grad * value, create_graph=True)
+            return torch.cat([grad_gate, grad * activated], dim=-1), None
+        with torch.enable_grad():
+            leaf = gate.detach().requires_grad_(True)
+            activated = ctx.act.forward(leaf)
+        grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format)
+        grad_gate, grad_value = grad_hidden.chunk(2, dim=-1)
+        torch.mul(grad, activated.detach(), out=grad_value)
+        (local,) = torch.autograd.grad(activated, leaf, grad * value)
+        grad_gate.copy_(local)
+        return grad_hidden, None
+
+
+class RecomputedOnUnpack:
+    """What autograd keeps for a tensor saved in :func:`saved_as_recomputation`: its view of the recomputed tensor."""
+
+    def __init__(self, recomputation: SavedAsRecomputation, size, stride, offset: int):
+        self.recomputation, self.size, self.stride, self.offset = recomputation, size, stride, offset
+
+
+class SavedAsRecomputation:
+    """The saved-tensor hooks of :func:`saved_as_recomputation`."""
+
+    def __init__(self, output: torch.Tensor, recompute: Callable[[], torch.Tensor], source: torch.Tensor):
+        self.storage = output.untyped_storage().data_ptr()
+        self.dtype, self.stride, self.offset = output.dtype, output.stride(), output.storage_offset()
+        self.recompute, self.source, self.version = recompute, source, source._version
+        self.pending, self.value = 0, None
+
+    def pack(self, tensor: torch.Tensor):
+        if tensor.dtype != self.dtype or tensor.untyped_storage().data_ptr() != self.storage:
+            return tensor
+        self.pending += 1
+        return RecomputedOnUnpack(self, tensor.shape, tensor.stride(), tensor.storage_offset() - self.offset)
+
+    def unpack(self, packed):
+        if not isinstance(packed, RecomputedOnUnpack):
+            return packed
+        if self.source._version != self.version:
+            raise RuntimeError(
+                "a tensor needed for gradient computation was modified by an inplace operation: the input of a "
+                "step that recomputes its output in backward (saved_as_recomputation)"
+            )
+        if self.value is None or torch.is_grad_enabled():
+            # A backward that builds a graph (create_graph=True) gets a recomputation linked to the source's graph.
+            value = self.recompute()
+            if value.stride() != self.stride:
+                raise RuntimeError(f"recomputed output has strides {value.stride()}, the original {self.stride}")
+            if torch.is_grad_enabled():
+                return value.as_strided(packed.size, packed.stride, packed.offset)
+            self.value = value
+        view = self.value.as_strided(packed.size, packed.stride, packed.offset)
+        self.pending -= 1
+        if self.pending <= 0:  # every saved view is unpacked: free the recomputed tensor
+            self.value = None
+        return view
+
+
+def saved_as_recomputation(
+    output: torch.Tensor, recompute: Callable[[], torch.Tensor], source: torch.Tensor, modules=()
+) -> contextlib.AbstractContextManager:
+    """A context in which autograd does not keep ``output`` (or any view of it) for backward: what the operations in
+    the context save of it is recomputed by ``recompute()`` from ``source`` when backward needs it.
+
+    The MLP's down projection runs in one: written out, its backward keeps its input, the GLU's output (half the size
+    of the GLU's input, which is kept anyway); one elementwise pass recomputes it. Where other saved-tensor hooks are
+    active (gradient checkpointing, offloading), where a hook watches ``modules`` (it might change ``output`` in
+    place), under torch.compile (which plans memory itself) and without autograd, it does nothing. An in-place change
+    of ``source`` before backward raises, as autograd does for tensors it keeps."""
+    outer_hooks = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    if (
+        not torch.is_grad_enabled()
+        or not output.requires_grad
+        or torch.compiler.is_compiling()
+        or outer_hooks
+        or observed(modules)
+    ):
+        return contextlib.nullcontext()
+    hooks = SavedAsRecomputation(output, recompute, source)
+    return torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack)
+
+
+# ---------------------------------------------------------------------------------------------
+# References: each fast operation above as the paper defines it (slow; for the tests)
+# ---------------------------------------------------------------------------------------------
+
+
+def dct_matrix(n: int, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
+    """The orthonormal DCT-II matrix C (n, n): ``C[k, t] = sqrt(2 / n) cos(pi (2t + 1) k / 2n)``, row 0 over sqrt 2."""
+    k = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
+    t = torch.arange(n, dtype=dtype, device=device).unsqueeze(0)
+    matrix = math.sqrt(2.0 / n) * torch.cos(math.pi * (2 * t + 1) * k / (2 * n))
+    matrix[0] /= math.sqrt(2.0)
+    return matrix
+
+
+def dct_ref(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
+    """:func:`dct` as a matrix product with x zero-padded to n."""
+    n = x.shape[dim] if n is None else n
+    matrix = dct_matrix(n, x.dtype, x.device)[:, : x.shape[dim]]
+    return torch.movedim(torch.tensordot(x, matrix, dims=([dim], [1])), -1, dim)
+
+
+def idct_ref(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Tensor:
+    """:func:`idct` as a product with the transposed matrix (the inverse of an orthonormal one), cut to length."""
+    length = x.shape[dim] if length is None else length
+    matrix = dct_matrix(x.shape[dim], x.dtype, x.device)[:, :length]
+    return torch.movedim(torch.tensordot(x, matrix, dims=([dim], [0])), -1, dim)
+
+
+def long_convolution_ref(x: torch.Tensor, multiplier: torch.Tensor, transform: str, n: int) -> torch.Tensor:
+    """:func:`long_convolution` along axis 1 from its definition: under the DCT ``C^T diag(H) C x`` with matrices;
+    under the FFT the circular convolution ``y[t] = sum_s h[(t - s) mod n] x[s]`` with ``h`` the kernel whose real
+    FFT is H, as a direct sum over lags."""
+    length = x.shape[1]
+    if transform == "dct":
+        return idct_ref(dct_ref(x, 1, n) * multiplier, 1, length)
+    kernel = torch.fft.irfft(multiplier, n=n, dim=-2)  # (..., n, channels)
+    t = torch.arange(length, device=x.device)
+    lags = (t.unsqueeze(1) - t.unsqueeze(0)) % n  # (t, s)
+    return torch.einsum("...tsc,bsc->btc", kernel[..., lags, :], x)
+
+
+def gated_long_convolution_ref(s1, v, s2, multiplier, mask, transform: str, n: int, dtype) -> torch.Tensor:
+    """:func:`gated_long_convolution` written with :func:`long_convolution_ref`."""
+    u = (s1 * v).to(dtype)
+    if mask is not None:
+        u = torch.where(mask, u, torch.zeros_like(u))
+    return long_convolution_ref(u, multiplier, transform, n) * s2
+
+
+def short_convolution_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """:func:`short_convolution` as ``F.conv1d`` on the (B, C, L) layout, with circular or zero padding."""
+    pad = weight.shape[-1] // 2
+    signal = x.transpose(1, 2)
+    if wrap and 0 < pad <= x.shape[1]:
+        signal = F.pad(signal, (pad, pad), mode="circular")
+        pad = 0
+    return F.conv1d(signal, weight, bias, padding=pad, groups=weight.shape[0]).transpose(1, 2)
+
+
+def gated_activation_ref(hidden: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:class:`GatedActivation` as autograd records it: ``act(gate) * value``."""
+    gate, value = hidden.chunk(2, dim=-1)
+    return act(gate) * value
