@@ -139,7 +139,7 @@ def saved_activations_table(shapes: list[tuple[int, int]], settings: BenchmarkSe
     import orchid_hf
 
     impls = ["orchid"] + ([REFERENCE] if reference is not None else []) + [baseline_of("train_model")]
-    lines = ["### Activations saved for backward, per layer", "",
+    lines = ["### Activations kept for backward, per layer", "",
              "| (B, L) | " + " | ".join(f"{CANDIDATES[impl].table_label('train_model')} MiB (activations)"
                                       for impl in impls) + " |",
              "|---|" + "---|" * len(impls)]
@@ -156,8 +156,8 @@ def saved_activations_table(shapes: list[tuple[int, int]], settings: BenchmarkSe
 def profile_tables(settings: BenchmarkSettings, log: Callable[[str], None], show: bool = True) -> str:
     """The Markdown of ``--profile`` (each Orchid candidate's operator forward at ``settings.profile_shapes``, then the
     implicit filters' share) and ``--profile-train`` (each Orchid masked-LM candidate's training step at
-    ``settings.profile_train_shapes``, then the activations saved per layer); the summary tables printed if
-    ``show``."""
+    ``settings.profile_train_shapes``, then the activations kept per layer, at ``settings.activation_shapes`` if
+    given); the summary tables printed if ``show``."""
     reference = load_modeling(settings.reference) if settings.reference else None
     tables = []
 
@@ -180,7 +180,8 @@ def profile_tables(settings: BenchmarkSettings, log: Callable[[str], None], show
         for name in masked_lms:
             add(profile_train(name, batch, length, settings, reference),
                 f"profiled the training step of {name} at (B={batch}, L={length})", printed=True)
-    if settings.profile_train_shapes:
-        add(saved_activations_table(settings.profile_train_shapes, settings, reference),
-            "counted the activations saved for backward", printed=True)
+    activation_shapes = settings.activation_shapes or settings.profile_train_shapes
+    if activation_shapes:
+        add(saved_activations_table(activation_shapes, settings, reference),
+            "counted the activations kept for backward", printed=True)
     return "\n".join(tables)

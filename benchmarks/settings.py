@@ -42,6 +42,7 @@ class BenchmarkSettings:
     layers: int = 12
     profile_shapes: list[tuple[int, int]] = field(default_factory=list)
     profile_train_shapes: list[tuple[int, int]] = field(default_factory=list)
+    activation_shapes: list[tuple[int, int]] = field(default_factory=list)
     repeats: int = 7
     min_repeats: int = 3
     point_budget_s: float = 60.0
@@ -84,6 +85,7 @@ class BenchmarkSettings:
             layers=args.layers if args.layers else (2 if quick else 12),
             profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
             profile_train_shapes=parse_shapes(args.profile_train, "profile_train") if args.profile_train else [],
+            activation_shapes=parse_shapes(args.activations, "activations") if args.activations else [],
             repeats=args.repeats if args.repeats else (2 if quick else 7),
             min_repeats=2 if quick else 3,
             point_budget_s=args.point_budget_s,

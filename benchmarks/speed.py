@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> dict:
         (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
         (out_dir / f"{stem}.md").write_text(markdown_report(result, settings))
 
-    if settings.profile_shapes or settings.profile_train_shapes:
+    if settings.profile_shapes or settings.profile_train_shapes or settings.activation_shapes:
         tables = profile_tables(settings, log, show=not args.silent)
         header = (f"# Profiles ({args.tag or 'untagged'})\n\nCommand: `{result['command']}`; "
                   f"{settings.threads} thread(s), load average {load_average()}. Self CPU time of each op.\n\n")
@@ -144,6 +144,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="instead of timing, profile OrchidForMaskedLM's training step (forward + backward of the "
                              "MLM loss; and the reference's) at shapes like 8x128,1x4096: the top ops by self CPU "
                              "time, printed and written to profile_TAG.md (with --profile's tables if both are given)")
+    parser.add_argument("--activations", default=None, metavar="SHAPES",
+                        help="instead of timing, count the activations one layer keeps for backward (OrchidForMaskedLM,"
+                             " the reference, BertForMaskedLM) at shapes like 8x128,1x4096, in MiB and in units of "
+                             "one (B, L, hidden) tensor; written to profile_TAG.md (with the profiles if given)")
     parser.add_argument("--rss", action="store_true", help="also measure each call's peak RSS growth")
     parser.add_argument("--out-dir", default="outputs/bench",
                         help="where benchmark_TAG.json, .md, .log and .png (or profile_TAG.md) are written")

@@ -418,11 +418,24 @@ def test_train_ratios_are_reported_only_where_both_models_were_measured():
     assert "² failed: BertForMaskedLM (SDPA) at (B=1, L=16384): killed." in markdown
 
 
+def test_activations_writes_only_the_table_of_what_each_layer_keeps(tmp_path):
+    result = speed.main(["--quick", "--activations", "2x16,1x32", "--out-dir", str(tmp_path), "--tag", "a",
+                         "--silent"])
+    assert result["records"] == []
+    text = (tmp_path / "profile_a.md").read_text()
+    assert "### Activations kept for backward, per layer" in text and "training step" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| (") and not line.startswith("| (B")]
+    assert [row.split(" | ")[0] for row in rows] == ["| (2, 16)", "| (1, 32)"]
+    for row in rows:  # MiB (units) for Orchid and BERT, each a positive count
+        cells = row.strip("| ").split(" | ")[1:]
+        assert len(cells) == 2 and all(float(cell.split(" (")[1].rstrip(")")) > 1 for cell in cells)
+
+
 @pytest.mark.slow
 def test_profile_train_writes_a_table_of_the_training_steps_top_ops(tmp_path, capsys):
     result = speed.main(["--quick", "--profile-train", "2x16", "--out-dir", str(tmp_path), "--tag", "t"])
     assert result["records"] == []  # profiling instead of timing
-    profile, saved = (tmp_path / "profile_t.md").read_text().split("### Activations saved for backward, per layer")
+    profile, saved = (tmp_path / "profile_t.md").read_text().split("### Activations kept for backward, per layer")
     title = "### OrchidForMaskedLM, training step (forward + backward), 2 layers, (B=2, L=16): "
     assert title in profile
     assert "| (2, 16) | " in saved and "BertForMaskedLM (SDPA) MiB" in saved
@@ -494,8 +507,8 @@ def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
     assert set(config) == {
         "quick", "parts", "hidden", "heads", "lengths", "modes", "model_modes", "operator_impls", "model_impls",
         "model_shapes", "train_shapes", "train_checkpointing", "layers", "profile_shapes", "profile_train_shapes",
-        "repeats", "min_repeats", "point_budget_s", "max_call_s", "threads", "rss", "device", "dtype", "reference",
-        "exponent_range", "memory_length",
+        "activation_shapes", "repeats", "min_repeats", "point_budget_s", "max_call_s", "threads", "rss", "device",
+        "dtype", "reference", "exponent_range", "memory_length",
     }
     assert config["operator_impls"] == ["orchid", "orchid_optimized", "attention_sdpa", "attention_math"]
     assert config["model_impls"] == ["orchid", "orchid_optimized", "bert"]
