@@ -78,7 +78,8 @@ def test_save_pretrained_writes_safetensors_and_the_remote_code(saved_heads):
         files = {path.name for path in (saved_heads / name).iterdir()}
         assert "model.safetensors" in files
         assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")) for f in files), files
-        assert {"configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py", "config.json"} <= files
+        model_code = {"configuration_orchid.py", "modeling_orchid.py", "orchid_layers.py", "orchid_ops.py"}
+        assert model_code | {"config.json"} <= files
         auto_map = json.loads((saved_heads / name / "config.json").read_text())["auto_map"]
         # The question-answering and multiple-choice heads are saved and loaded in tests/test_heads_qa_mc.py.
         other_heads = {"AutoModelForQuestionAnswering", "AutoModelForMultipleChoice"}
@@ -119,7 +120,7 @@ REMOTE_LOADER = textwrap.dedent(
         else:
             got = output.logits if hasattr(output, "logits") else output.last_hidden_state
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
-        layers = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".orchid_layers"]
+        layers = sys.modules[type(model).__module__.rsplit(".", 1)[0] + ".orchid_ops"]
         print("remote-ok", name, type(model).__name__, "dct:" + ("torch" if layers.scipy_fft is None else "pocketfft"))
     """
 )

@@ -164,7 +164,7 @@ def test_push_and_pull_round_trip(text_model, tmp_path, monkeypatch, hf_modules_
     assert url == "https://huggingface.co/me/orchid-tiny-sst2/commit/0"
     expected = [
         "README.md", "config.json", "configuration_orchid.py", "model.safetensors", "modeling_orchid.py",
-        "orchid_layers.py", "tokenizer.json", "tokenizer_config.json",
+        "orchid_layers.py", "orchid_ops.py", "tokenizer.json", "tokenizer_config.json",
     ]  # fmt: skip
     assert hub.calls[:2] == [
         ("create_repo", "me/orchid-tiny-sst2", True, True, "model"),
