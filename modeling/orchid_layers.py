@@ -278,8 +278,8 @@ class ImplicitFilter(DerivedBuffers):
         self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
     ) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` for ``channels`` in ``dtype``: (length, channels) under the DCT,
-        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` of these channels: the operator
-        computes it once for all channels, and decays and transforms it a group of channels at a time."""
+        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` of these channels, which the
+        operator computes once for all its channel groups without autograd; None computes it here."""
         response = self.lag_response()[:, channels] if response is None else response
         kernel = (response * self.envelope[:, channels].to(response.dtype)).to(dtype)
         if self.listing1:
@@ -566,9 +566,11 @@ class OrchidOperator(nn.Module):
         source, source_mask = projected[..., 2 * self.d_model :], mask  # h_theta reads v (Listing 1)
         if conditioning_input is not None:  # or another sequence (Remark 3.3)
             source, source_mask = self._project_value(conditioning_input, conditioning_mask)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            static = self.static_filter.lag_response()
-            residual = None if self.residual_filter is None else self.residual_filter.lag_response()
+        static = residual = None  # under autograd, computed in the recomputed step: backward keeps neither
+        if not torch.is_grad_enabled():  # computed once for all channel groups
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                static = self.static_filter.lag_response()
+                residual = None if self.residual_filter is None else self.residual_filter.lag_response()
         channel_inputs = {
             "x": x,
             "gates": projected.unflatten(-1, (3, self.d_model)),
@@ -600,7 +602,7 @@ class OrchidOperator(nn.Module):
             if self.conditioning is not None:
                 kernel = kernel + self.conditioning(source.to(dtype), n, source_mask, channels)
             y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-            if residual is not None:
+            if self.residual_filter is not None:
                 multiplier = self.residual_filter.spectrum(dtype, residual, channels)
                 y = y + long_convolution(x.to(dtype), multiplier, self.transform, n)
         return masked(y, mask).to(x.dtype)

@@ -180,15 +180,15 @@ def assert_same_gradients(result, reference, tolerance):
 
 @pytest.mark.parametrize("transform", ["dct", "fft"])
 def test_the_operator_keeps_only_its_projections_inputs_for_backward(transform, written_out):
-    """Recomputed, the operator keeps in_proj's output (B, L, 3d), out_proj's input and its own output (B, L, d each)
-    and the two filters' responses (N, d each); the filters' inner activations, the short convolution's output, the
-    conditioning network's spectra and the transforms are recomputed. Written out, autograd keeps each of those."""
+    """Recomputed, the operator keeps in_proj's output (B, L, 3d), out_proj's input and its own output (B, L, d each);
+    the filters' responses and inner activations, the short convolution's output, the conditioning network's spectra
+    and the transforms are recomputed. Written out, autograd keeps each of those."""
     torch.manual_seed(0)
     batch, length, n, d = 2, 24, 32, 16
     op = OrchidOperator(d, n, transform=transform, filter_width=8)
     x = torch.randn(batch, length, d, requires_grad=True)
     kept = retained_bytes(op, x)
-    assert kept == 4 * (batch * length * 5 * d + 2 * n * d)
+    assert kept == 4 * batch * length * 5 * d
     written_out()
     assert retained_bytes(op, x) > 2 * kept
 
@@ -215,7 +215,7 @@ def test_hooks_on_the_recomputed_modules_fire_once_and_see_the_plain_path(writte
     for module in (mixer.short_conv, mixer.conditioning.freq_conv.layers[0], mixer.static_filter.ffn[0]):
         module.register_forward_hook(lambda module, inputs, output: calls.append(type(module).__name__))
     result = mlm_loss_and_grads(model, *batch)
-    assert calls == ["Linear", "ShortConvolution", "ShortConvolution"]
+    assert sorted(calls) == ["Linear", "ShortConvolution", "ShortConvolution"]
     written_out()
     assert_same_gradients(result, mlm_loss_and_grads(model, *batch), 0)
 
