@@ -70,6 +70,9 @@ jobs() {
                     for arch in orchid bert; do
                         local data="$(attribution_args $length) --seed $seed"
                         local name=$OUT/attribution-$length-$arch-$init-s$seed model
+                        # Orchid pools its first token here, as BERT pools its [CLS] token; the recipe's mean
+                        # pooling for Orchid is the attribution-variants stage's mean-pooling run.
+                        [ $arch = orchid ] && data="$data --pooling first"
                         if [ $init = pretrained ]; then
                             model="--model_name_or_path $OUT/pretrain-$arch"
                         else

@@ -63,8 +63,8 @@ def runs(tmp_path_factory):
             str(data / "attribution-16/validation.csv"), "--max_seq_length", "16", "--max_steps", "2",
             *QUIET]  # fmt: skip
     for seed in (0, 1):
-        finetune([*task, "--seed", str(seed), "--model_name_or_path", str(out / "pretrain-orchid"),
-                  "--output_dir", str(out / f"attribution-16-orchid-pretrained-s{seed}")])  # fmt: skip
+        finetune([*task, "--seed", str(seed), "--model_name_or_path", str(out / "pretrain-orchid"), "--pooling",
+                  "first", "--output_dir", str(out / f"attribution-16-orchid-pretrained-s{seed}")])  # fmt: skip
     finetune([*task, "--model_name_or_path", str(out / "pretrain-orchid"), "--pooling", "mean",
               "--output_dir", str(out / "attribution-16-orchid-pretrained-mean-pooling-s0")])  # fmt: skip
     finetune([*task, "--model_name_or_path", str(out / "pretrain-bert"),
