@@ -779,6 +779,7 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
         "recipe": recipe.name,
         "model_type": model.config.model_type,
         "initialized_from": start or f"new {model.config.model_type} model",
+        "learning_rate": training_args.learning_rate,
         "hyperparameters": {
             "learning_rate": describe_schedule(training_args),
             **plan.describe(),
