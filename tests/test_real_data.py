@@ -4,8 +4,10 @@ run's own result files, the plots are drawn, and only the generated blocks of th
 
 import importlib.util
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +15,9 @@ import pytest
 import torch
 
 from experiments.real_data.report import (
+    ATTRIBUTION_RUN,
+    GRID_RUN,
+    PAIRS_RUN,
     choose_learning_rate,
     collect_runs,
     load_records,
@@ -335,3 +340,52 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
     with pytest.raises(ValueError, match=r"used learning rate \[0.001\], but the grid's best on the validation "
                                          r"chapters is 0.0003"):  # fmt: skip
         render_report(results, report)
+
+
+def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
+    """scripts/real_data.sh's commands for the fine-tuning stages: run names the report collects, the files each run
+    trains and is scored on (nothing chosen on test chapters), and the grid's seeds after its points."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": "python"}
+
+    def jobs(*stages):
+        command = ["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", *stages]
+        return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+
+    def run_name(line):
+        return re.search(r"--output_dir (\S+)", line)[1].rsplit("/", 1)[1]
+
+    data = f"{tmp_path}/out/austen"
+    grid = jobs("grid")
+    points, seeds = grid[:36], grid[36:]
+    assert len(seeds) == 36
+    for line in points:
+        match = GRID_RUN.match(run_name(line))
+        assert match and match["lr"] in ("1e-4", "3e-4", "1e-3") and match["seed"] == "0"
+        task = f"{match['task']}-{match['length']}"
+        assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/validation.csv " in line
+        assert f"--max_seq_length {match['length']} " in line and "--num_train_epochs 3 " in line
+        assert f"--learning_rate {match['lr']} " in line and "--pooling" not in line
+    for line in seeds:
+        match = GRID_RUN.match(run_name(line))
+        assert match and match["chosen"] and match["seed"] in ("0", "1", "2")
+        task = f"{match['task']}-{match['length']}"
+        group = f"grid-{task}-{match['arch']}-{match['init']}"
+        assert line.startswith(f"lr=$(python scripts/real_data_report.py --runs {tmp_path}/out --choose {group} "
+                               "--grid_learning_rates 1e-4 3e-4 1e-3) && python scripts/finetune_glue.py ")  # fmt: skip
+        assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/test.csv " in line
+        assert "--learning_rate $lr " in line and "--num_train_epochs 3 " in line
+    assert len({run_name(line) for line in grid}) == 72
+
+    for stage, pattern, count in (("attribution", ATTRIBUTION_RUN, 16), ("pairs", PAIRS_RUN, 8)):
+        lines = jobs(stage)
+        assert len(lines) == count
+        for line in lines:
+            match = pattern.match(run_name(line))
+            task = f"{stage}-{match['length']}"
+            assert f"--train_file {data}/{task}/trainval.csv --validation_file {data}/{task}/test.csv " in line
+            assert "--num_train_epochs 1 --learning_rate 2e-4 " in line
+            # The attribution stage compares first-token pooling; the pairs take the recipe's.
+            assert ("--pooling first" in line) == (stage == "attribution" and match["arch"] == "orchid")
+    failed = subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", "pairs", "grids"], env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert failed.returncode == 2 and "unknown stage 'grids'" in failed.stderr and not failed.stdout
