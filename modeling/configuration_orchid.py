@@ -154,7 +154,9 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     ``initializer_range`` is the standard deviation of BERT's initialisation; ``word_embedding_init_std``, when set,
     replaces it for the word embeddings (the ``orchid-recall`` preset draws them from N(0, 1), see docs/model.md).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
-    ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification.
+    ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification. The
+    default stays ``"first"`` (a config.json without the field gets it); the recipe for one's own data sets ``"mean"``
+    for a new head (docs/model.md, "Pooling").
     ``chunk_size_feed_forward``: everything after each layer's mixer (the residual sums, the LayerNorms and the MLP)
     acts on each token alone, and runs on runs of this many tokens of the flattened (batch x length) input; 0 runs it
     on all tokens at once. The default keeps the MLP's intermediate tensors (``tokens x 2 intermediate_size`` for

@@ -233,8 +233,10 @@ class GlueDataArguments:
     )
     pooling: str | None = field(
         default=None,
-        metadata={"help": "Orchid models: classify the first token or the mean of the tokens (recipe: mean for "
-                  "QNLI-base).", "choices": ["first", "mean"]},
+        metadata={"help": "Orchid models: classify the first token or the mean of the real tokens (recipes: mean "
+                  "for own data and QNLI-base, first for the other GLUE tasks). Without this flag, a checkpoint that "
+                  "is already a sequence classifier keeps the pooling it was trained with.",
+                  "choices": ["first", "mean"]},
     )  # fmt: skip
 
     def __post_init__(self):
@@ -265,8 +267,9 @@ DATACLASSES = (TextModelArguments, GlueDataArguments, RecipeArguments, TrainingA
 
 
 def _default_recipe(given: dict) -> str:
+    """Own data (files, or a Hub dataset, without --task_name) gets the classification recipe; GLUE the base one."""
     own_files = any(given.get(f"{split}_file") for split in ("train", "validation", "test"))
-    own_data = not given.get("task_name") and own_files
+    own_data = not given.get("task_name") and (own_files or given.get("dataset_name"))
     return "orchid-bert-classification" if own_data else "orchid-bert-base-glue"
 
 
@@ -678,17 +681,31 @@ def write_predictions(trainer, data: TaskData, tokenized: dict, output_dir: Path
     return written
 
 
+def is_sequence_classifier(config) -> bool:
+    """Whether a loaded config is that of a saved sequence classifier (its pooler and classifier trained)."""
+    return any(name.endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or [])
+
+
 def _set_pooling(pooling: str | None, explicit: frozenset[str]):
+    """A ``prepare_config`` that sets an Orchid config's ``classifier_pooling``. ``--pooling`` always does; the
+    recipe's value is for a new head, so a checkpoint that is already a sequence classifier keeps the pooling its
+    pooler was trained with (a classifier evaluated, or trained further, is not silently changed)."""
+
     def prepare(config) -> None:
         if pooling is None:
             return
+        given = "pooling" in explicit
         if hasattr(config, "classifier_pooling"):
-            config.classifier_pooling = pooling
-        elif "pooling" in explicit:
+            if given or not is_sequence_classifier(config):
+                config.classifier_pooling = pooling
+            elif config.classifier_pooling != pooling:
+                logger.info("the checkpoint is a sequence classifier with %s pooling, which it keeps (the recipe's "
+                            "is %s; --pooling sets it)", config.classifier_pooling, pooling)  # fmt: skip
+        elif given:
             raise ValueError(f"--pooling applies to Orchid models; {config.model_type} pools as its class does")
         elif pooling != "first":
-            logger.warning("the recipe's %s pooling applies to Orchid models only; %s pools as its class does",
-                           pooling, config.model_type)  # fmt: skip
+            logger.info("the recipe's %s pooling applies to Orchid models only; %s pools as its class does",
+                        pooling, config.model_type)  # fmt: skip
 
     return prepare
 
@@ -762,6 +779,7 @@ def run_task(parsed, task: str | None, root: Path) -> dict:
         "recipe": recipe.name,
         "model_type": model.config.model_type,
         "initialized_from": start or f"new {model.config.model_type} model",
+        "learning_rate": training_args.learning_rate,
         "hyperparameters": {
             "learning_rate": describe_schedule(training_args),
             **plan.describe(),

@@ -419,6 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
         recipe=parsed.recipe.name,
         model_type=trainer.model.config.model_type,
         num_parameters=sum(p.numel() for p in trainer.model.parameters()),
+        learning_rate=training_args.learning_rate,
         optimizer=run.plan.describe(),
         world_size=training_args.world_size,
     )

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # The real-data comparison of docs/results/real_data.md, with the exact commands:
 #
-#   bash scripts/real_data.sh prepare                  # tokenizer folder, MLM corpus (Persuasion held out), attribution sets
+#   bash scripts/real_data.sh prepare                  # tokenizer folder, MLM corpus (Persuasion held out), attribution
+#                                                      # and same-novel pair sets (train / validation / test chapters)
 #   bash scripts/real_data.sh run pretrain             # Orchid-BERT and BertForMaskedLM, side by side
 #   bash scripts/real_data.sh run images               # Fashion-MNIST: Orchid-ViT, ViT (2 seeds each), logistic regression
 #   bash scripts/real_data.sh run attribution bert-lr  # fine-tuning (pretrained and from scratch, 128 and 512 tokens,
 #                                                      # 2 seeds); BERT pretrained again at a lower learning rate
 #   bash scripts/real_data.sh run attribution-variants # the pretrained Orchid at 128 tokens with mean pooling, and
 #                                                      # with its filters in the common parameter group (2 seeds)
+#   bash scripts/real_data.sh run pairs                # same novel or not, pairs of 64-token passages, as `attribution`
+#   bash scripts/real_data.sh run grid                 # both architectures, pretrained and from scratch, on attribution
+#                                                      # 128 and 512 and the pairs: the learning rate chosen on the
+#                                                      # validation chapters, then 3 seeds at it on the test chapters
 #   bash scripts/real_data.sh report                   # docs/results/real_data.md, its JSON and plots, from the runs
 #
 # `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
-# thread, so the two cores are shared alike by the models compared. DATA is the folder of ../shared/data's layout
-# (austen/, bert-base-uncased/, fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands.
+# thread, so the two cores are shared alike by the models compared; the `grid` stage's seeds wait, in a second queue,
+# for its grid to finish. DATA is the folder of ../shared/data's layout (austen/, bert-base-uncased/,
+# fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -40,16 +46,42 @@ MLM="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/va
 --per_device_eval_batch_size 32 --max_steps 400 --eval_strategy steps --eval_steps 50 --logging_steps 10 \
 --max_eval_samples 256 --eval_before_training --save_strategy no --report_to none --threads $THREADS --seed 0 --bf16 False"
 
-# Fine-tuning for passage attribution at LENGTH tokens, the same for every model and variant. The recipe's learning
-# rate (5e-5) is BERT-base's for a converged checkpoint; in one epoch it leaves these briefly pretrained models at the
-# majority class, so every run takes 2e-4.
-attribution_args() {
-    echo "--train_file $OUT/austen/attribution-$1/train.csv --validation_file $OUT/austen/attribution-$1/validation.csv \
---max_seq_length $1 --num_train_epochs 1 --learning_rate 2e-4 --per_device_train_batch_size 32 --save_strategy no \
---report_to none --threads $THREADS --disable_tqdm True"
+# Fine-tuning on TASK (a folder of prepare: attribution-128, attribution-512, pairs-128; its number is the sequence
+# length), trained on the TRAIN file and evaluated on the EVAL file of that folder: `finetune_args TASK TRAIN EVAL`.
+finetune_args() {
+    echo "--train_file $OUT/austen/$1/$2.csv --validation_file $OUT/austen/$1/$3.csv --max_seq_length ${1##*-} \
+--per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --disable_tqdm True"
 }
 
+# The model of a fine-tuning run: `model_args ARCH INIT`, INIT pretrained (the pretrain stage's model) or scratch.
+model_args() {
+    if [ "$2" = pretrained ]; then
+        echo "--model_name_or_path $OUT/pretrain-$1"
+    else
+        echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT") \
+--tokenizer_name $OUT/austen/tokenizer"
+    fi
+}
+
+# One setting for every model and variant: trained on the training and validation chapters (trainval.csv),
+# evaluated on the test chapters. The recipe's learning rate (5e-5) is BERT-base's for a converged checkpoint; in
+# one epoch it leaves these briefly pretrained models at the majority class, so every run takes 2e-4.
+fixed_args() {
+    echo "$(finetune_args "$1" trainval test) --num_train_epochs 1 --learning_rate 2e-4"
+}
+attribution_args() { fixed_args "attribution-$1"; }
+
+# The grid: the same learning rates and epochs for both architectures, each point trained on the training chapters
+# with seed 0 and scored on the validation chapters; the best point (on ties the lowest learning rate) is trained
+# again with every seed of GRID_SEEDS and scored on the test chapters.
+GRID_TASKS="attribution-128 attribution-512 pairs-128"
+GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
+GRID_EPOCHS=3
+GRID_SEEDS="0 1 2"
+
+# The commands of STAGE in PHASE (1, or 2 for the grid's seeds): `jobs STAGE PHASE`.
 jobs() {
+    local phase=${2:-1}
     case "$1" in
     pretrain)
         echo "$PY scripts/pretrain_mlm.py $MLM --config_overrides $ORCHID_TEXT --output_dir $OUT/pretrain-orchid \
@@ -69,27 +101,64 @@ jobs() {
                 for seed in 0 1; do
                     for arch in orchid bert; do
                         local data="$(attribution_args $length) --seed $seed"
-                        local name=$OUT/attribution-$length-$arch-$init-s$seed model
-                        if [ $init = pretrained ]; then
-                            model="--model_name_or_path $OUT/pretrain-$arch"
-                        else
-                            local overrides=$([ $arch = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT")
-                            model="--model_type $arch --config_overrides $overrides --tokenizer_name $OUT/austen/tokenizer"
-                        fi
-                        echo "$PY scripts/finetune_glue.py $data $model --output_dir $name > $name.log 2>&1"
+                        local name=$OUT/attribution-$length-$arch-$init-s$seed
+                        # Orchid pools its first token here, as BERT pools its [CLS] token; the recipe's mean
+                        # pooling for Orchid is the attribution-variants stage's mean-pooling run.
+                        [ $arch = orchid ] && data="$data --pooling first"
+                        echo "$PY scripts/finetune_glue.py $data $(model_args $arch $init) --output_dir $name \
+> $name.log 2>&1"
                     done
                 done
             done
         done
         ;;
     attribution-variants)
-        # The pretrained Orchid at 128 tokens again, one change at a time: mean pooling over the real tokens instead
-        # of the first token, and the implicit filters' parameters in the common parameter group.
+        # The attribution stage's pretrained Orchid at 128 tokens again, one change at a time: mean pooling over the
+        # real tokens instead of the first token, and the implicit filters' parameters in the common parameter group.
         local data="$(attribution_args 128) --model_name_or_path $OUT/pretrain-orchid"
         for seed in 0 1; do
-            for variant in "mean-pooling:--pooling mean" "no-filter-group:--filter_param_group False"; do
+            for variant in "mean-pooling:--pooling mean" \
+                "no-filter-group:--filter_param_group False --pooling first"; do
                 local name=$OUT/attribution-128-orchid-pretrained-${variant%%:*}-s$seed
                 echo "$PY scripts/finetune_glue.py $data --seed $seed ${variant#*:} --output_dir $name > $name.log 2>&1"
+            done
+        done
+        ;;
+    pairs)
+        # The attribution stage's setting on the pair task; each model pools as the recipe has it (Orchid: the mean).
+        for init in pretrained scratch; do
+            for seed in 0 1; do
+                for arch in orchid bert; do
+                    local name=$OUT/pairs-128-$arch-$init-s$seed
+                    echo "$PY scripts/finetune_glue.py $(fixed_args pairs-128) --seed $seed $(model_args $arch $init) \
+--output_dir $name > $name.log 2>&1"
+                done
+            done
+        done
+        ;;
+    grid)
+        # The grid points (phase 1), then the chosen point's seeds (phase 2), whose learning rate is read from the
+        # grid's results when the job starts.
+        for task in $GRID_TASKS; do
+            for init in pretrained scratch; do
+                for arch in orchid bert; do
+                    local group=grid-$task-$arch-$init model
+                    model=$(model_args $arch $init)
+                    if [ "$phase" = 1 ]; then
+                        for lr in $GRID_LEARNING_RATES; do
+                            local name=$OUT/$group-lr$lr-s0
+                            echo "$PY scripts/finetune_glue.py $(finetune_args $task train validation) \
+--num_train_epochs $GRID_EPOCHS --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
+                        done
+                    else
+                        for seed in $GRID_SEEDS; do
+                            local name=$OUT/$group-chosen-s$seed
+                            echo "lr=\$($PY scripts/real_data_report.py --runs $OUT --choose $group \
+--grid_learning_rates $GRID_LEARNING_RATES) && $PY scripts/finetune_glue.py $(finetune_args $task train test) \
+--num_train_epochs $GRID_EPOCHS --learning_rate \$lr --seed $seed $model --output_dir $name > $name.log 2>&1"
+                        done
+                    fi
+                done
             done
         done
         ;;
@@ -106,24 +175,38 @@ jobs() {
         echo "OMP_NUM_THREADS=$THREADS $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
 --class_names ${FASHION_CLASSES[*]@Q} --max_iter 1000 --output_dir $OUT/fashion-logreg > $OUT/fashion-logreg.log 2>&1"
         ;;
-    *)
-        echo "unknown stage '$1': pretrain, bert-lr, attribution, attribution-variants or images" >&2
-        return 2
-        ;;
     esac
+}
+
+STAGES=" pretrain bert-lr attribution attribution-variants pairs grid images "
+# The jobs of STAGES in phase PHASE: the grid's seeds are phase 2, every other job phase 1.
+phase_jobs() {
+    local phase=$1 stage
+    shift
+    for stage in "$@"; do
+        if [ "$phase" = 1 ] || [ "$stage" = grid ]; then
+            jobs "$stage" "$phase"
+        fi
+    done
 }
 
 case "${1:-}" in
 prepare)
     $PY scripts/prepare_novels.py --novels "$DATA"/austen/*.txt --held_out persuasion \
-        --vocab_dir "$DATA/bert-base-uncased" --passage_tokens 128 512 --output_dir "$OUT/austen"
+        --vocab_dir "$DATA/bert-base-uncased" --passage_tokens 128 512 --pair_tokens 64 --output_dir "$OUT/austen"
     ;;
 jobs | run)
     command=$1
     shift
     [ $# -gt 0 ] || { echo "usage: bash scripts/real_data.sh $command STAGE [STAGE ...]" >&2; exit 2; }
-    commands=$(for stage in "$@"; do jobs "$stage"; done)
-    if [ "$command" = jobs ]; then echo "$commands"; else echo "$commands" | run_all; fi
+    for stage in "$@"; do
+        [[ "$STAGES" == *" $stage "* ]] || { echo "unknown stage '$stage'; the stages are$STAGES" >&2; exit 2; }
+    done
+    for phase in 1 2; do
+        commands=$(phase_jobs $phase "$@")
+        [ -n "$commands" ] || continue
+        if [ "$command" = jobs ]; then echo "$commands"; else echo "$commands" | run_all; fi
+    done
     ;;
 report)
     $PY scripts/real_data_report.py --runs "$OUT" --threads-per-run "$THREADS" --jobs "$JOBS"

@@ -3,6 +3,9 @@
 
     python scripts/real_data_report.py --runs outputs/real_data     # keep one JSON per finished run, then render
     python scripts/real_data_report.py                              # render from the kept JSONs alone
+    python scripts/real_data_report.py --runs outputs/real_data --choose grid-attribution-128-orchid-pretrained \
+        --grid_learning_rates 1e-4 3e-4 1e-3                       # print the grid's learning rate, chosen on the
+                                                                    # validation chapters (scripts/real_data.sh)
 
 The JSONs go to --results (docs/results/real_data/); the generated blocks of --report and --readme are replaced,
 the rest of those files is left as written.
@@ -17,10 +20,10 @@ from pathlib import Path
 from orchid_hf.runs import run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-from experiments.real_data.report import collect_runs, render_report  # noqa: E402
+from experiments.real_data.report import choose_learning_rate, collect_runs, render_report  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", default=None, help="The output folder of scripts/real_data.sh (OUT).")
     parser.add_argument("--results", default="docs/results/real_data", help="Where the per-run JSONs are kept.")
@@ -28,7 +31,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--readme", default="README.md", help="Its headline block is filled too ('' for none).")
     parser.add_argument("--threads-per-run", type=int, default=1, help="Threads of each run (THREADS), for --runs.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (JOBS), for --runs.")
+    parser.add_argument("--choose", default=None, metavar="GROUP",
+                        help="Print the learning rate of the grid GROUP-lrLR-s0 in --runs chosen on the validation "
+                        "chapters, and nothing else.")  # fmt: skip
+    parser.add_argument("--grid_learning_rates", nargs="+", default=[], help="The grid's learning rates, for --choose.")
     args = parser.parse_args(argv)
+    if args.choose:
+        if not args.runs or not args.grid_learning_rates:
+            parser.error("--choose needs --runs and --grid_learning_rates")
+        chosen = choose_learning_rate(args.runs, args.choose, args.grid_learning_rates)
+        print(chosen)
+        return chosen
     if args.runs:
         names = collect_runs(args.runs, args.results, args.threads_per_run, args.jobs)
         print(f"kept {len(names)} runs in {args.results}")

@@ -230,6 +230,18 @@ def test_own_csv_data_with_a_bert_baseline_and_a_config_file(glue_setup, tmp_pat
     ])  # fmt: skip
     assert summary["tasks"]["own"]["model_type"] == "orchid"
     assert 0.0 <= summary["tasks"]["own"]["metrics"]["validation"]["accuracy"] <= 1.0
+    # The recipe pools the mean for a new head; a saved classifier keeps its own pooling when it is evaluated.
+    assert summary["tasks"]["own"]["hyperparameters"]["pooling"] == "mean"
+    config_file = tmp_path / "orchid" / "config.json"
+    saved = json.loads(config_file.read_text())
+    assert saved["classifier_pooling"] == "mean"
+    config_file.write_text(json.dumps({**saved, "classifier_pooling": "first"}))
+    summary = main([
+        "--model_name_or_path", str(tmp_path / "orchid"), "--validation_file", str(tmp_path / "validation.csv"),
+        "--text_column_names", "passage", "--max_seq_length", "32", "--do_eval", "--output_dir",
+        str(tmp_path / "evaluated"), "--use_cpu", "--disable_tqdm", "True", "--cache_dir", str(tmp_path / "cache"),
+    ])  # fmt: skip
+    assert summary["tasks"]["own"]["hyperparameters"]["pooling"] == "first"
     with pytest.raises(ValueError, match=r"train file .*train\.csv has no column .body. \(columns"):
         main(["--model_name_or_path", str(glue_setup / "pretrained"), "--train_file", str(tmp_path / "train.csv"),
               "--validation_file", str(tmp_path / "validation.csv"), "--text_column_names", "body",

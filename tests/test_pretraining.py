@@ -142,6 +142,7 @@ def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
          "--eval_before_training", "--push_to_hub", "--hub_model_id", "me/tiny-orchid", "--hub_strategy", "checkpoint"]
     )  # fmt: skip
     assert results["world_size"] == 1 and results["model_type"] == "orchid"
+    assert json.loads((out / "results.json").read_text())["learning_rate"] == results["learning_rate"] == 1e-3
     assert 0.0 <= results["init"]["init_masked_accuracy"] <= 1.0
     assert 0.0 <= results["eval"]["eval_masked_accuracy"] <= 1.0
     assert results["eval"]["eval_perplexity"] > 1.0 and results["eval"]["eval_masked_tokens"] > 0

@@ -4,15 +4,27 @@ run's own result files, the plots are drawn, and only the generated blocks of th
 
 import importlib.util
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from experiments.real_data.report import collect_runs, load_records, render_report, replace_block, time_note
+from experiments.real_data.report import (
+    ATTRIBUTION_RUN,
+    GRID_RUN,
+    PAIRS_RUN,
+    choose_learning_rate,
+    collect_runs,
+    load_records,
+    render_report,
+    replace_block,
+    time_note,
+)
 from orchid_hf.glue import main as finetune
 from orchid_hf.pretraining import main as pretrain
 from tests.test_novels import SPECIALS, chapter_words, write_novel
@@ -24,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ORCHID = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,filter_width=16"
 BERT = "hidden_size=32,num_hidden_layers=1,intermediate_size=64,max_position_embeddings=32,num_attention_heads=2"
 QUIET = ["--use_cpu", "--disable_tqdm", "True", "--report_to", "none", "--save_strategy", "no"]
-BLOCKS = ("headline", "pretraining", "attribution", "images", "machine")
+BLOCKS = ("headline", "pretraining", "attribution", "pairs", "grid", "images", "machine")
 
 
 def load_script(name: str):
@@ -48,7 +60,8 @@ def runs(tmp_path_factory):
     data, out = root / "data", root / "runs"
     load_script("prepare_novels").main(
         ["--novels", *map(str, sorted(novels.glob("*.txt"))), "--held_out", "gamma", "--vocab_dir",
-         str(novels / "vocab"), "--passage_tokens", "16", "--test_every", "3", "--output_dir", str(data)]
+         str(novels / "vocab"), "--passage_tokens", "16", "--pair_tokens", "8", "--test_every", "3",
+         "--validation_every", "2", "--output_dir", str(data)]
     )  # fmt: skip
     mlm = ["--train_file", str(data / "mlm/train.txt"), "--validation_file", str(data / "mlm/validation.txt"),
            "--tokenizer_name", str(data / "tokenizer"), "--max_seq_length", "16",
@@ -59,18 +72,37 @@ def runs(tmp_path_factory):
     pretrain([*mlm, "--model_type", "bert", "--config_overrides", BERT, "--output_dir", str(out / "pretrain-bert")])
     pretrain([*mlm, "--model_type", "bert", "--config_overrides", BERT, "--learning_rate", "1e-4",
               "--output_dir", str(out / "pretrain-bert-lr1e-4")])  # fmt: skip
-    task = ["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
-            str(data / "attribution-16/validation.csv"), "--max_seq_length", "16", "--max_steps", "2",
+    task = ["--train_file", str(data / "attribution-16/trainval.csv"), "--validation_file",
+            str(data / "attribution-16/test.csv"), "--max_seq_length", "16", "--max_steps", "2",
             *QUIET]  # fmt: skip
     for seed in (0, 1):
-        finetune([*task, "--seed", str(seed), "--model_name_or_path", str(out / "pretrain-orchid"),
-                  "--output_dir", str(out / f"attribution-16-orchid-pretrained-s{seed}")])  # fmt: skip
+        finetune([*task, "--seed", str(seed), "--model_name_or_path", str(out / "pretrain-orchid"), "--pooling",
+                  "first", "--output_dir", str(out / f"attribution-16-orchid-pretrained-s{seed}")])  # fmt: skip
     finetune([*task, "--model_name_or_path", str(out / "pretrain-orchid"), "--pooling", "mean",
               "--output_dir", str(out / "attribution-16-orchid-pretrained-mean-pooling-s0")])  # fmt: skip
     finetune([*task, "--model_name_or_path", str(out / "pretrain-bert"),
               "--output_dir", str(out / "attribution-16-bert-pretrained-s0")])  # fmt: skip
     finetune([*task, "--model_type", "bert", "--config_overrides", BERT, "--tokenizer_name", str(data / "tokenizer"),
               "--output_dir", str(out / "attribution-16-bert-scratch-s0")])  # fmt: skip
+    pairs = ["--train_file", str(data / "pairs-16/trainval.csv"), "--validation_file", str(data / "pairs-16/test.csv"),
+             "--max_seq_length", "16", "--max_steps", "2", *QUIET]  # fmt: skip
+    for arch in ("orchid", "bert"):
+        finetune([*pairs, "--model_name_or_path", str(out / f"pretrain-{arch}"),
+                  "--output_dir", str(out / f"pairs-16-{arch}-pretrained-s0")])  # fmt: skip
+    # A grid of two points and a run at the chosen one, as the grid stage names them.
+    for lr in ("1e-4", "1e-3"):
+        finetune(["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
+                  str(data / "attribution-16/validation.csv"), "--max_seq_length", "16", "--max_steps", "2",
+                  "--learning_rate", lr, "--model_name_or_path", str(out / "pretrain-orchid"), *QUIET,
+                  "--output_dir", str(out / f"grid-attribution-16-orchid-pretrained-lr{lr}-s0")])  # fmt: skip
+    chosen = load_script("real_data_report").main(
+        ["--runs", str(out), "--choose", "grid-attribution-16-orchid-pretrained", "--grid_learning_rates", "1e-4",
+         "1e-3"]
+    )  # fmt: skip
+    finetune(["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
+              str(data / "attribution-16/test.csv"), "--max_seq_length", "16", "--max_steps", "2", "--learning_rate",
+              chosen, "--seed", "1", "--model_name_or_path", str(out / "pretrain-orchid"), *QUIET,
+              "--output_dir", str(out / "grid-attribution-16-orchid-pretrained-chosen-s1")])  # fmt: skip
     images = write_idx_folder(root / "idx", train=24, test=12)
     sys.path.insert(0, str(ROOT / "scripts"))
     image_args = ["--train_dir", str(images), "--recipe", "orchid-vit-digits", "--num_train_epochs", "1",
@@ -102,10 +134,13 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
         "attribution-16-bert-pretrained-s0", "attribution-16-bert-scratch-s0",
         "attribution-16-orchid-pretrained-mean-pooling-s0", "attribution-16-orchid-pretrained-s0",
         "attribution-16-orchid-pretrained-s1", "fashion-logreg", "fashion-orchid-s0", "fashion-vit-s0",
-        "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
+        "grid-attribution-16-orchid-pretrained-chosen-s1", "grid-attribution-16-orchid-pretrained-lr1e-3-s0",
+        "grid-attribution-16-orchid-pretrained-lr1e-4-s0", "pairs-16-bert-pretrained-s0",
+        "pairs-16-orchid-pretrained-s0", "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
     ]  # fmt: skip
     records = load_records(results)
     assert len(records["pretraining"]) == 3 and len(records["attribution"]) == 5 and len(records["image"]) == 3
+    assert len(records["pairs"]) == 2 and len(records["grid"]) == 3
 
     orchid = json.loads((results / "pretrain-orchid.json").read_text())
     own = json.loads((runs / "pretrain-orchid" / "results.json").read_text())
@@ -149,6 +184,23 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     logreg = json.loads((runs / "fashion-logreg" / "results.json").read_text())
     assert f"| logistic regression | 2k | {100 * logreg['accuracy']:.2f} |" in blocks["images"]
     assert f"logistic regression {100 * logreg['accuracy']:.2f}%" in blocks["headline"]
+    # The pair task and the grid, from the runs' own files.
+    pair_runs = {arch: json.loads((runs / f"pairs-16-{arch}-pretrained-s0" / "results.json").read_text())
+                 for arch in ("orchid", "bert")}  # fmt: skip
+    assert pair_runs["orchid"]["hyperparameters"]["pooling"] == "mean"  # the recipe's, for a new Orchid head
+    orchid, bert = (100 * pair_runs[a]["metrics"]["validation"]["accuracy"] for a in ("orchid", "bert"))
+    assert f"| 2 × 8 tokens | Orchid | pretrained | {orchid:.1f} |" in blocks["pairs"]
+    assert f"| same novel, pairs of 2 × 8 tokens, pretrained | {orchid:.1f}% | BERT {bert:.1f}% |" in blocks["headline"]
+    grid = {lr: json.loads((runs / f"grid-attribution-16-orchid-pretrained-lr{lr}-s0" / "results.json").read_text())
+            for lr in ("1e-4", "1e-3")}  # fmt: skip
+    assert {lr: result["learning_rate"] for lr, result in grid.items()} == {"1e-4": 1e-4, "1e-3": 1e-3}
+    chosen = json.loads((results / "grid-attribution-16-orchid-pretrained-chosen-s1.json").read_text())
+    assert chosen["scored_on"] == "test" and chosen["chosen"]
+    row = next(line for line in blocks["grid"].splitlines() if line.startswith("| novel attribution, 16 tokens"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    validation = [f"{100 * grid[lr]['metrics']['validation']['accuracy']:.1f}" for lr in ("1e-4", "1e-3")]
+    assert [cell.strip("*") for cell in cells[3:5]] == validation
+    assert cells[5] == f"{chosen['learning_rate']:g}" and cells[6] == f"{100 * chosen['accuracy']:.1f}"
     assert (tmp_path / "real_data_pretraining.png").stat().st_size > 0
     assert (tmp_path / "real_data_confusion.png").stat().st_size > 0
 
@@ -167,6 +219,11 @@ class RunsCodeWhenLoaded:
 def test_collecting_runs_never_unpickles_training_args(runs, tmp_path):
     crafted = tmp_path / "runs"
     shutil.copytree(runs / "pretrain-bert", crafted / "pretrain-bert")
+    # A run made before the recipe wrote its learning rate to results.json: the report reads training_args.bin.
+    results_file = crafted / "pretrain-bert" / "results.json"
+    results = json.loads(results_file.read_text())
+    assert results.pop("learning_rate") == 8e-4
+    results_file.write_text(json.dumps(results))
     marker = tmp_path / "marker"
     arguments = crafted / "pretrain-bert" / "training_args.bin"
     torch.save({"payload": RunsCodeWhenLoaded(marker), "learning_rate": 3e-4}, arguments)
@@ -191,3 +248,144 @@ def test_the_time_note_says_how_the_runs_shared_the_machine():
     assert time_note({"threads_per_run": 1, "runs_at_a_time": 2}).endswith("on one thread beside one other run.")
     assert time_note({"threads_per_run": 2, "runs_at_a_time": 1}).endswith("each run on 2 threads alone.")
     assert time_note({"threads_per_run": 1, "runs_at_a_time": 4}).endswith("on one thread beside 3 other runs.")
+
+
+def fake_finetune_run(folder: Path, accuracy: float, learning_rate: float, seconds: float = 120.0) -> None:
+    """A fine-tuning run's folder with the files the report reads, laid out as scripts/finetune_glue.py writes them."""
+    folder.mkdir(parents=True)
+    results = {
+        "task": "own data", "recipe": "orchid-bert-classification", "model_type": "orchid",
+        "initialized_from": "outputs/real_data/pretrain-orchid", "learning_rate": learning_rate,
+        "hyperparameters": {"learning_rate": f"peak {learning_rate:g}", "epochs": 3.0, "batch_size": 32,
+                            "pooling": "mean", "max_seq_length": 128},
+        "epochs_done": 3.0, "metrics": {"validation": {"accuracy": accuracy, "loss": 1.0}},
+    }  # fmt: skip
+    (folder / "results.json").write_text(json.dumps(results))
+    history = [{"loss": 1.2, "step": 10, "train_seconds": seconds / 2}, {"step": 20, "train_seconds": seconds}]
+    (folder / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+
+
+GRID = ("1e-4", "3e-4", "1e-3")
+
+
+@pytest.fixture
+def grid_runs(tmp_path):
+    """Run folders of the grid and pairs stages: Orchid ties at 3e-4 and 1e-3 (the lower is chosen), BERT's best is
+    1e-4, and the pair task's scratch Orchid has its grid but no run at the chosen point yet."""
+    runs = tmp_path / "runs"
+    validation = {"orchid-pretrained": (0.30, 0.40, 0.40), "bert-pretrained": (0.35, 0.33, 0.20)}
+    for model, accuracies in validation.items():
+        for lr, accuracy in zip(GRID, accuracies):
+            fake_finetune_run(runs / f"grid-attribution-128-{model}-lr{lr}-s0", accuracy, float(lr))
+    for seed, accuracy in enumerate((0.41, 0.43, 0.45)):
+        fake_finetune_run(runs / f"grid-attribution-128-orchid-pretrained-chosen-s{seed}", accuracy, 3e-4)
+        fake_finetune_run(runs / f"grid-attribution-128-bert-pretrained-chosen-s{seed}", 0.5, 1e-4, seconds=60.0)
+    for lr, accuracy in zip(GRID, (0.6, 0.7, 0.5)):
+        fake_finetune_run(runs / f"grid-pairs-128-orchid-scratch-lr{lr}-s0", accuracy, float(lr))
+    for seed in (0, 1):
+        fake_finetune_run(runs / f"pairs-128-orchid-pretrained-s{seed}", 0.6 + seed / 10, 2e-4)
+        fake_finetune_run(runs / f"pairs-128-bert-pretrained-s{seed}", 0.55, 2e-4)
+    return runs
+
+
+def test_the_grid_choice_is_made_on_the_validation_chapters(grid_runs, capsys):
+    assert choose_learning_rate(grid_runs, "grid-attribution-128-orchid-pretrained", list(GRID)) == "3e-4"
+    assert choose_learning_rate(grid_runs, "grid-attribution-128-bert-pretrained", list(GRID)) == "1e-4"
+    assert choose_learning_rate(grid_runs, "grid-pairs-128-orchid-scratch", list(GRID)) == "3e-4"
+    # What scripts/real_data.sh reads into --learning_rate: the learning rate as the grid writes it, alone.
+    script = load_script("real_data_report")
+    assert script.main(["--runs", str(grid_runs), "--choose", "grid-attribution-128-orchid-pretrained",
+                        "--grid_learning_rates", *GRID]) == "3e-4"  # fmt: skip
+    assert capsys.readouterr().out == "3e-4\n"
+    with pytest.raises(ValueError, match=r"no finished run \(results.json\) in \[.*-orchid-pretrained-lr2e-3-s0'\]"):
+        choose_learning_rate(grid_runs, "grid-attribution-128-orchid-pretrained", ["1e-4", "2e-3"])
+    with pytest.raises(SystemExit):
+        script.main(["--choose", "grid-attribution-128-orchid-pretrained"])
+
+
+def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
+    results = tmp_path / "results"
+    collect_runs(grid_runs, results)
+    records = load_records(results)
+    assert len(records["grid"]) == 15 and len(records["pairs"]) == 4 and not records["attribution"]
+    report, readme = skeleton(tmp_path / "real_data.md"), skeleton(tmp_path / "README.md", ["headline"])
+    blocks = render_report(results, report, readme)
+    assert "<!-- real-data:attribution -->\nold\n" in report.read_text()  # no records of its own: left as it was
+    rows = {line.split(" | ")[0] + " | " + line.split(" | ")[1] + " | " + line.split(" | ")[2]: line
+            for line in blocks["grid"].splitlines() if line.startswith("| novel") or line.startswith("| same")}
+    assert blocks["grid"].splitlines()[0] == (
+        "| task | model | start | validation % at lr 0.0001 | validation % at lr 0.0003 | validation % at lr 0.001 | "
+        "chosen lr | test % at the chosen lr (mean; seeds) | training time¹ (mean) |"
+    )
+    # Validation accuracy for every grid point, the chosen one in bold; test accuracy for the chosen point only.
+    assert rows["| novel attribution, 128 tokens | Orchid | pretrained"].endswith(
+        "| 30.0 | **40.0** | 40.0 | 0.0003 | 43.0 (41.0 / 43.0 / 45.0) | 2.0 min |"
+    )
+    assert rows["| novel attribution, 128 tokens | BERT | pretrained"].endswith(
+        "| **35.0** | 33.0 | 20.0 | 0.0001 | 50.0 (50.0 / 50.0 / 50.0) | 1.0 min |"
+    )
+    assert rows["| same novel, pairs of 2 × 64 tokens | Orchid | scratch"].endswith(
+        "| 60.0 | **70.0** | 50.0 | 0.0003 | – | – |"
+    )
+    assert "Each grid point: 3 epochs, seed 0," in blocks["grid"]
+    assert "| 2 × 64 tokens | Orchid | pretrained | 65.0 (60.0 / 70.0) | 2.0 min |" in blocks["pairs"]
+    assert ("| novel attribution, 128 tokens, pretrained, lr chosen on validation chapters | 43.0% | BERT 50.0% | "
+            "3 seeds; lr 0.0003 vs 0.0001 |") in blocks["headline"]  # fmt: skip
+    assert "| same novel, pairs of 2 × 64 tokens, pretrained | 65.0% | BERT 55.0% | 2 seeds;" in blocks["headline"]
+    assert f"<!-- real-data:headline -->\n{blocks['headline']}\n" in readme.read_text()
+
+    # Runs at another learning rate than the grid's choice are refused, not shown as the chosen point's.
+    fake_finetune_run(grid_runs / "grid-attribution-128-orchid-pretrained-chosen-s3", 0.9, 1e-3)
+    collect_runs(grid_runs, results)
+    with pytest.raises(ValueError, match=r"used learning rate \[0.001\], but the grid's best on the validation "
+                                         r"chapters is 0.0003"):  # fmt: skip
+        render_report(results, report)
+
+
+def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
+    """scripts/real_data.sh's commands for the fine-tuning stages: run names the report collects, the files each run
+    trains and is scored on (nothing chosen on test chapters), and the grid's seeds after its points."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": "python"}
+
+    def jobs(*stages):
+        command = ["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", *stages]
+        return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+
+    def run_name(line):
+        return re.search(r"--output_dir (\S+)", line)[1].rsplit("/", 1)[1]
+
+    data = f"{tmp_path}/out/austen"
+    grid = jobs("grid")
+    points, seeds = grid[:36], grid[36:]
+    assert len(seeds) == 36
+    for line in points:
+        match = GRID_RUN.match(run_name(line))
+        assert match and match["lr"] in ("1e-4", "3e-4", "1e-3") and match["seed"] == "0"
+        task = f"{match['task']}-{match['length']}"
+        assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/validation.csv " in line
+        assert f"--max_seq_length {match['length']} " in line and "--num_train_epochs 3 " in line
+        assert f"--learning_rate {match['lr']} " in line and "--pooling" not in line
+    for line in seeds:
+        match = GRID_RUN.match(run_name(line))
+        assert match and match["chosen"] and match["seed"] in ("0", "1", "2")
+        task = f"{match['task']}-{match['length']}"
+        group = f"grid-{task}-{match['arch']}-{match['init']}"
+        assert line.startswith(f"lr=$(python scripts/real_data_report.py --runs {tmp_path}/out --choose {group} "
+                               "--grid_learning_rates 1e-4 3e-4 1e-3) && python scripts/finetune_glue.py ")  # fmt: skip
+        assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/test.csv " in line
+        assert "--learning_rate $lr " in line and "--num_train_epochs 3 " in line
+    assert len({run_name(line) for line in grid}) == 72
+
+    for stage, pattern, count in (("attribution", ATTRIBUTION_RUN, 16), ("pairs", PAIRS_RUN, 8)):
+        lines = jobs(stage)
+        assert len(lines) == count
+        for line in lines:
+            match = pattern.match(run_name(line))
+            task = f"{stage}-{match['length']}"
+            assert f"--train_file {data}/{task}/trainval.csv --validation_file {data}/{task}/test.csv " in line
+            assert "--num_train_epochs 1 --learning_rate 2e-4 " in line
+            # The attribution stage compares first-token pooling; the pairs take the recipe's.
+            assert ("--pooling first" in line) == (stage == "attribution" and match["arch"] == "orchid")
+    failed = subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", "pairs", "grids"], env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert failed.returncode == 2 and "unknown stage 'grids'" in failed.stderr and not failed.stdout

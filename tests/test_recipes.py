@@ -130,6 +130,49 @@ def test_paper_values_are_the_defaults():
     assert image_args(["--train_dir", "somewhere"]).values[1].dataset_name is None
 
 
+def test_own_data_pools_the_mean_and_glue_keeps_table_c2():
+    """The classification recipe (own files or a Hub dataset without --task_name) pools Orchid's real tokens' mean;
+    every GLUE task keeps Table C.2 / App. C.3's choice (mean for QNLI-base only); the model class keeps "first"."""
+    for source in (["--train_file", "t.csv"], ["--validation_file", "v.csv"], ["--dataset_name", "someone/data"]):
+        parsed = glue_args([*source, "--output_dir", "x"])
+        assert (parsed.recipe.name, parsed.values[1].pooling) == ("orchid-bert-classification", "mean")
+        assert "pooling" not in parsed.explicit
+    assert glue_args(["--train_file", "t.csv", "--pooling", "first", "--output_dir", "x"]).values[1].pooling == "first"
+    for size in ("base", "large"):
+        for task in GLUE_TABLE_C2[size]:
+            argv = ["--task_name", task, "--recipe", f"orchid-bert-{size}-glue", "--output_dir", "x"]
+            pooling = glue_args(argv, task=task).values[1].pooling
+            assert pooling == ("mean" if (size, task) == ("base", "qnli") else "first"), (size, task)
+    # A GLUE task read from local files is still GLUE.
+    parsed = glue_args(["--task_name", "rte", "--train_file", "t.csv", "--output_dir", "x"], task="rte")
+    assert (parsed.recipe.name, parsed.values[1].pooling) == ("orchid-bert-base-glue", "first")
+    assert OrchidConfig().classifier_pooling == OrchidConfig.from_preset("orchid-bert-base").classifier_pooling
+
+
+def test_the_recipe_pooling_is_for_new_heads():
+    """--pooling always sets an Orchid config's pooling; the recipe's value sets it for a new head only, so a saved
+    sequence classifier keeps the pooling its pooler was trained with; other model types pool as their class does."""
+    from orchid_hf.glue import _set_pooling
+
+    recipe, flag = _set_pooling("mean", frozenset()), _set_pooling("mean", frozenset({"pooling"}))
+    new = OrchidConfig(**TINY)
+    recipe(new)
+    assert new.classifier_pooling == "mean"
+    encoder = OrchidConfig(**TINY, architectures=["OrchidForMaskedLM"])
+    recipe(encoder)
+    assert encoder.classifier_pooling == "mean"
+    classifier = OrchidConfig(**TINY, architectures=["OrchidForSequenceClassification"])
+    recipe(classifier)
+    assert classifier.classifier_pooling == "first"
+    flag(classifier)
+    assert classifier.classifier_pooling == "mean"
+    bert = BertConfig()
+    recipe(bert)
+    assert not hasattr(bert, "classifier_pooling")
+    with pytest.raises(ValueError, match="--pooling applies to Orchid models; bert pools as its class does"):
+        flag(bert)
+
+
 def test_flags_and_config_files_override_the_recipe(tmp_path):
     argv = ["--output_dir", "x", "--learning_rate", "1e-3", "--lr_scheduler_type", "cosine", "--max_steps", "10",
             "--eval_strategy", "no", "--bf16", "False", "--gradient_checkpointing", "--torch_compile", "False",

@@ -7,7 +7,6 @@ import pytest
 import torch
 from transformers import BertTokenizer
 
-from experiments.real_data.novels import is_test_chapter
 from experiments.transfer import measures
 from experiments.transfer.data import build_corpus, chapter_split, subset
 from experiments.transfer.models import (
@@ -119,12 +118,6 @@ def test_masking_never_touches_special_tokens_and_keeps_the_rate():
     assert 0.25 < chosen.float().sum() / (~special).sum() < 0.35
     assert torch.equal(labels[chosen], ids[chosen])
     assert 0.7 < (inputs[chosen] == MASK_ID).float().mean() < 0.9
-
-
-def test_validation_chapters_come_from_the_training_chapters_only():
-    splits = [chapter_split(index) for index in range(40)]
-    assert [i for i, s in enumerate(splits) if s == "test"] == [i for i in range(40) if is_test_chapter(i, 5)]
-    assert splits.count("validation") == 8 and splits.count("train") == 24
 
 
 def test_the_corpus_keeps_test_chapters_out_of_pretraining(tmp_path):

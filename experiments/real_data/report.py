@@ -29,9 +29,18 @@ ATTRIBUTION_RUN = re.compile(
     r"-s(?P<seed>\d+)$"
 )
 VARIANT_NAMES = {"mean-pooling": "mean pooling", "no-filter-group": "filters in the common parameter group"}
+# pairs-128-orchid-pretrained-s0: the same-novel pair task, pairs of two passages of at most half the length.
+PAIRS_RUN = re.compile(r"^pairs-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)-s(?P<seed>\d+)$")
+# grid-attribution-128-orchid-pretrained-lr3e-4-s0 (a grid point, scored on the validation chapters) and
+# grid-attribution-128-orchid-pretrained-chosen-s1 (the chosen point with another seed, scored on the test chapters).
+GRID_RUN = re.compile(
+    r"^grid-(?P<task>attribution|pairs)-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)"
+    r"-(lr(?P<lr>[0-9.e+-]+)|(?P<chosen>chosen))-s(?P<seed>\d+)$"
+)
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
+RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "image")
 MARKER = "<!-- real-data:{name} -->"
 END_MARKER = "<!-- /real-data:{name} -->"
 
@@ -87,6 +96,14 @@ def peak_learning_rate(folder: Path) -> float:
     raise ValueError(f"{path}: no float stored under 'learning_rate'")
 
 
+def run_learning_rate(folder: Path, results: dict) -> float:
+    """The run's --learning_rate: the ``learning_rate`` of its results.json, which the recipes write, or for runs
+    made before they did, :func:`peak_learning_rate` of its training_args.bin."""
+    if "learning_rate" in results:
+        return float(results["learning_rate"])
+    return peak_learning_rate(folder)
+
+
 def pretraining_record(folder: Path, arch: str, variant: str | None = None) -> dict:
     results = _read(folder / "results.json")
     history = _read(folder / "trainer_state.json")["log_history"]
@@ -108,7 +125,7 @@ def pretraining_record(folder: Path, arch: str, variant: str | None = None) -> d
         "kind": "pretraining",
         "arch": arch,
         "variant": variant,
-        "learning_rate": peak_learning_rate(folder),
+        "learning_rate": run_learning_rate(folder, results),
         "model_type": results["model_type"],
         "config": {k: config.get(k) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
                                               "max_position_embeddings", "vocab_size", "num_attention_heads")},
@@ -124,11 +141,13 @@ def pretraining_record(folder: Path, arch: str, variant: str | None = None) -> d
     }  # fmt: skip
 
 
-def attribution_record(folder: Path, match: re.Match) -> dict:
+def attribution_record(folder: Path, match: re.Match, kind: str = "attribution") -> dict:
+    """A fine-tuning run scored on the test chapters (its validation file is test.csv): ``attribution`` or
+    ``pairs``."""
     results = _read(folder / "results.json")
     validation = results["metrics"]["validation"]
     record = {
-        "kind": "attribution",
+        "kind": kind,
         "arch": match["arch"],
         "init": match["init"],
         "length": int(match["length"]),
@@ -140,9 +159,53 @@ def attribution_record(folder: Path, match: re.Match) -> dict:
         "epochs": results["epochs_done"],
         "hyperparameters": results["hyperparameters"],
     }
-    if match["variant"]:
+    if match.groupdict().get("variant"):
         record["variant"] = match["variant"]
     return record
+
+
+def grid_record(folder: Path, match: re.Match) -> dict:
+    """A grid point (scored on the validation chapters) or a run at the chosen point (scored on the test chapters)."""
+    results = _read(folder / "results.json")
+    return {
+        "kind": "grid",
+        "task": match["task"],
+        "length": int(match["length"]),
+        "arch": match["arch"],
+        "init": match["init"],
+        "seed": int(match["seed"]),
+        "chosen": bool(match["chosen"]),
+        "scored_on": "test" if match["chosen"] else "validation",
+        "learning_rate": run_learning_rate(folder, results),
+        "accuracy": results["metrics"]["validation"]["accuracy"],
+        "initialized_from": results["initialized_from"],
+        "train_seconds": training_seconds(folder),
+        "epochs": results["epochs_done"],
+        "hyperparameters": results["hyperparameters"],
+    }
+
+
+def best_grid_point(points: list[tuple[float, float]]) -> float:
+    """The learning rate of the best (learning rate, validation accuracy) point: the highest accuracy, on ties the
+    lowest learning rate."""
+    if not points:
+        raise ValueError("no grid point to choose from")
+    return max(points, key=lambda point: (point[1], -point[0]))[0]
+
+
+def choose_learning_rate(runs_dir: str | Path, group: str, learning_rates: list[str]) -> str:
+    """The grid point of ``group`` (e.g. ``grid-attribution-128-orchid-pretrained``) chosen on the validation
+    chapters among ``learning_rates`` (as written in the run names, ``GROUP-lrLR-s0``), by :func:`best_grid_point`;
+    a ``ValueError`` naming the points that have not finished."""
+    runs_dir = Path(runs_dir)
+    folders = {lr: runs_dir / f"{group}-lr{lr}-s0" for lr in learning_rates}
+    missing = [str(folder) for folder in folders.values() if not (folder / "results.json").is_file()]
+    if not learning_rates or missing:
+        raise ValueError(f"grid {group}: no finished run (results.json) in {missing or 'no learning rate given'}")
+    points = [(float(lr), _read(folder / "results.json")["metrics"]["validation"]["accuracy"])
+              for lr, folder in folders.items()]  # fmt: skip
+    chosen = best_grid_point(points)
+    return next(lr for lr in learning_rates if float(lr) == chosen)
 
 
 def image_record(folder: Path, match: re.Match) -> dict:
@@ -184,6 +247,10 @@ def collect_runs(
             record = pretraining_record(folder, match["arch"], match["variant"])
         elif match := ATTRIBUTION_RUN.match(name):
             record = attribution_record(folder, match)
+        elif match := PAIRS_RUN.match(name):
+            record = attribution_record(folder, match, "pairs")
+        elif match := GRID_RUN.match(name):
+            record = grid_record(folder, match)
         elif match := IMAGE_RUN.match(name):
             record = image_record(folder, match)
         else:
@@ -218,8 +285,9 @@ def machine_description(threads_per_run: int = 1, runs_at_a_time: int = 2) -> di
 
 
 def load_records(results_dir: str | Path) -> dict[str, list[dict]]:
-    """The kept records by kind (``pretraining``, ``attribution``, ``image``) and ``machine``."""
-    records: dict[str, list[dict]] = {"pretraining": [], "attribution": [], "image": [], "machine": []}
+    """The kept records by kind (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``image``) and
+    ``machine``."""
+    records: dict[str, list[dict]] = {kind: [] for kind in (*RECORD_KINDS, "machine")}
     for path in sorted(Path(results_dir).glob("*.json")):
         record = _read(path)
         records["machine" if path.stem == "machine" else record["kind"]].append(record)
@@ -273,19 +341,82 @@ def pretraining_table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def attribution_table(records: list[dict]) -> str:
+def length_text(task: str, length: int) -> str:
+    """The input of a task in words: a passage's tokens, or a pair's two passages (each at most half the length)."""
+    return f"2 × {length // 2} tokens" if task == "pairs" else f"{length} tokens"
+
+
+def task_text(task: str, length: int) -> str:
+    return ("same novel, pairs of " if task == "pairs" else "novel attribution, ") + f"{length_text(task, length)}"
+
+
+def attribution_table(records: list[dict], task: str = "attribution") -> str:
+    """The runs scored on the test chapters, by length, start, model and variant (``task``: attribution or pairs)."""
     rows = [
-        "| passage | model | start | accuracy % (mean; seeds) | training time¹ (mean) |",
+        f"| {'pair' if task == 'pairs' else 'passage'} | model | start | test accuracy % (mean; seeds) | "
+        "training time¹ (mean) |",
         "|---|---|---|---|---|",
     ]
     records = [{**r, "variant": r.get("variant") or ""} for r in records]  # "": the run as the recipe has it
     for (length, init, arch, variant), group in _group(records, "length", "init", "arch", "variant").items():
         model = ARCH_NAMES.get(arch, arch) + (f", {VARIANT_NAMES.get(variant, variant)}" if variant else "")
         rows.append(
-            f"| {length} tokens | {model} | {init} | "
+            f"| {length_text(task, length)} | {model} | {init} | "
             f"{_mean_and_runs([r['accuracy'] for r in group])} | {_mean_minutes(group):.1f} min |"
         )
     return "\n".join(rows)
+
+
+def grid_choices(records: list[dict]) -> dict[tuple, dict]:
+    """Per (task, length, init, arch): the grid points (``points``: learning rate -> validation accuracy), the
+    learning rate chosen on them (``chosen``, :func:`best_grid_point`), and the runs at the chosen point scored on
+    the test chapters (``runs``). A ``ValueError`` if those runs were trained at another learning rate."""
+    choices = {}
+    groups = _group([r for r in records if not r["chosen"]], "task", "length", "init", "arch")
+    for key, group in groups.items():
+        points = {r["learning_rate"]: r["accuracy"] for r in group}
+        chosen = best_grid_point(list(points.items()))
+        runs = [r for r in records if r["chosen"] and (r["task"], r["length"], r["init"], r["arch"]) == key]
+        other = sorted({r["learning_rate"] for r in runs} - {chosen})
+        if other:
+            raise ValueError(
+                f"grid {'-'.join(map(str, key))}: the runs at the chosen point used learning rate {other}, but the "
+                f"grid's best on the validation chapters is {chosen:g}"
+            )
+        choices[key] = {"points": points, "chosen": chosen, "runs": sorted(runs, key=lambda r: r["seed"]),
+                        "epochs": group[0]["hyperparameters"].get("epochs")}  # fmt: skip
+    return choices
+
+
+def grid_table(records: list[dict]) -> str:
+    """Validation accuracy of every grid point (seed 0) and test accuracy at the chosen point only."""
+    choices = grid_choices(records)
+    rates = sorted({lr for choice in choices.values() for lr in choice["points"]})
+    rows = [
+        "| task | model | start | " + " | ".join(f"validation % at lr {lr:g}" for lr in rates)
+        + " | chosen lr | test % at the chosen lr (mean; seeds) | training time¹ (mean) |",
+        "|---|---|---|" + "---|" * len(rates) + "---|---|---|",
+    ]
+    for (task, length, init, arch), choice in choices.items():
+        cells = []
+        for lr in rates:
+            value = choice["points"].get(lr)
+            text = "–" if value is None else f"{100 * value:.1f}"
+            cells.append(f"**{text}**" if lr == choice["chosen"] else text)
+        runs = choice["runs"]
+        test = _mean_and_runs([r["accuracy"] for r in runs]) if runs else "–"
+        minutes = f"{_mean_minutes(runs):.1f} min" if runs else "–"
+        rows.append(
+            f"| {task_text(task, length)} | {ARCH_NAMES.get(arch, arch)} | {init} | " + " | ".join(cells)
+            + f" | {choice['chosen']:g} | {test} | {minutes} |"
+        )
+    epochs = sorted({choice["epochs"] for choice in choices.values() if choice["epochs"] is not None})
+    note = (
+        f"Each grid point: {' or '.join(f'{e:g}' for e in epochs)} epochs, seed 0, trained on the training chapters "
+        "and scored on the validation chapters; the best point (in bold; on ties the lowest learning rate) trained "
+        "again with each seed and scored on the test chapters."
+    )
+    return "\n".join(rows) + "\n\n" + note
 
 
 def image_table(records: list[dict]) -> str:
@@ -324,6 +455,26 @@ def headline_table(records: dict[str, list[dict]]) -> str:
                 f"| novel attribution, {length}-token passages, pretrained | {100 * mean[0]:.1f}% | "
                 f"BERT {100 * mean[1]:.1f}% | {len(o)} seeds; fine-tuning {time[0]:.1f} vs {time[1]:.1f} min |"
             )
+    pairs = _group([r for r in records["pairs"] if r["init"] == "pretrained"], "length", "arch")
+    for length in sorted({key[0] for key in pairs}):
+        o, b = pairs.get((length, "orchid")), pairs.get((length, "bert"))
+        if o and b:
+            mean = [statistics.mean(r["accuracy"] for r in g) for g in (o, b)]
+            rows.append(
+                f"| {task_text('pairs', length)}, pretrained | {100 * mean[0]:.1f}% | BERT {100 * mean[1]:.1f}% | "
+                f"{len(o)} seeds; fine-tuning {_mean_minutes(o):.1f} vs {_mean_minutes(b):.1f} min |"
+            )
+    choices = grid_choices(records["grid"]) if records["grid"] else {}
+    for (task, length, init, arch), orchid in choices.items():
+        bert = choices.get((task, length, init, "bert"))
+        if (init, arch) != ("pretrained", "orchid") or not orchid["runs"] or not (bert and bert["runs"]):
+            continue
+        mean = [statistics.mean(r["accuracy"] for r in choice["runs"]) for choice in (orchid, bert)]
+        rows.append(
+            f"| {task_text(task, length)}, pretrained, lr chosen on validation chapters | {100 * mean[0]:.1f}% | "
+            f"BERT {100 * mean[1]:.1f}% | {len(orchid['runs'])} seeds; lr {orchid['chosen']:g} vs "
+            f"{bert['chosen']:g} |"
+        )
     images = _group(records["image"], "arch")
     if ("orchid",) in images and ("vit",) in images:
         o, v = images[("orchid",)], images[("vit",)]
@@ -404,11 +555,12 @@ def replace_block(text: str, name: str, content: str) -> str:
 
 
 def render_report(results_dir: str | Path, report: str | Path, readme: str | Path | None = None) -> dict[str, str]:
-    """Fill the blocks of ``report`` (``pretraining``, ``attribution``, ``images``, ``machine``, ``headline``) and
+    """Fill the blocks of ``report`` (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``images``,
+    ``machine``, ``headline``; each only where there are records for it) and
     the ``headline`` block of ``readme`` from the records in ``results_dir``; draw the two plots next to
     ``report``. Returns the generated blocks."""
     records = load_records(results_dir)
-    if not any(records[kind] for kind in ("pretraining", "attribution", "image")):
+    if not any(records[kind] for kind in RECORD_KINDS):
         raise ValueError(f"{results_dir} holds no records: run scripts/real_data_report.py --runs first")
     report = Path(report)
     blocks = {"headline": headline_table(records)}
@@ -420,6 +572,10 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
         blocks["pretraining"] = f"{table}\n\n{note}\n\n![pretraining curves]({plot.name})"
     if records["attribution"]:
         blocks["attribution"] = f"{attribution_table(records['attribution'])}\n\n{note}"
+    if records["pairs"]:
+        blocks["pairs"] = f"{attribution_table(records['pairs'], 'pairs')}\n\n{note}"
+    if records["grid"]:
+        blocks["grid"] = f"{grid_table(records['grid'])}\n\n{note}"
     if records["image"]:
         plot = report.parent / "real_data_confusion.png"
         plot_confusion_matrices(records["image"], plot)
@@ -441,8 +597,11 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
 
 
 __all__ = [
+    "best_grid_point",
+    "choose_learning_rate",
     "collect_runs",
     "embedding_parameters",
+    "grid_choices",
     "headline_table",
     "load_records",
     "render_report",

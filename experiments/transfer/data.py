@@ -8,19 +8,8 @@ from pathlib import Path
 
 import torch
 
-from experiments.real_data.novels import chapter_passages, is_test_chapter, novel_name, read_novel
+from experiments.real_data.novels import SPLITS, chapter_passages, chapter_split, novel_name, read_novel
 from orchid_hf.pretraining import block_packer
-
-SPLITS = ("train", "validation", "test")
-
-
-def chapter_split(index: int, test_every: int = 5, validation_every: int = 4) -> str:
-    """``test`` for the real-data comparison's test chapters (:func:`is_test_chapter`); of the others, one in
-    ``validation_every`` is a validation chapter, so that choices are made without the test chapters."""
-    if is_test_chapter(index, test_every):
-        return "test"
-    kept = index - sum(is_test_chapter(i, test_every) for i in range(index))
-    return "validation" if kept % validation_every == validation_every - 1 else "train"
 
 
 def build_corpus(novels: list[str | Path], tokenizer, passage_tokens: int, block_tokens: int) -> dict:
