@@ -4,6 +4,7 @@ anything runs."""
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -515,3 +516,16 @@ def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
     assert config["parts"] == ["model", "train"] and config["model_shapes"] == [(2, 16)]
     assert config["dtype"] == "torch.float32" and config["exponent_range"] == [64, 256]
     json.dumps(config)  # every value is JSON
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head,checkpointing", [("sequence-classification", True), ("masked-lm", False)])
+def test_long_step_runs_one_training_step_and_writes_what_it_measured(tmp_path, head, checkpointing):
+    from benchmarks import long_step
+
+    argv = ["--head", head, "--length", "64", "--layers", "1", "--out-dir", str(tmp_path)]
+    result = long_step.main(argv + (["--checkpointing"] if checkpointing else []))
+    name = f"long_step_{head}_64{'_checkpointing' if checkpointing else ''}.json"
+    assert json.loads((tmp_path / name).read_text()) == json.loads(json.dumps(result))
+    assert result["length"] == 64 and result["checkpointing"] is checkpointing and result["seconds"] > 0
+    assert math.isfinite(result["loss"]) and result["rss_peak_bytes"] >= 0 and result["parameters"] > 10**7
