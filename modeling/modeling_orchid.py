@@ -7,6 +7,7 @@ base model -> task heads.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,6 +45,7 @@ from .orchid_ops import (
     front_packing_order,
     gated_activation_ref,
     gather_rows,
+    observed,
     saved_as_recomputation,
     scatter_rows,
 )
@@ -161,19 +163,16 @@ class OrchidMLP(nn.Module):
         hidden_states = self.up_proj(hidden_states)
         if not self.is_glu:
             return self.dropout(self.down_proj(self.act(hidden_states)))
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or observed((self.act,)):
             # The compiler cannot trace GatedActivation's backward (torch.autograd.grad inside it) and plans the
-            # memory of the written-out GLU itself.
+            # memory of the written-out GLU itself; and a hook on the activation, which may change its output, must
+            # see every call, where GatedActivation's backward and the recomputation below call act.forward.
             return self.dropout(self.down_proj(gated_activation_ref(hidden_states, self.act)))
         gated = GatedActivation.apply(hidden_states, self.act)
-        up = hidden_states
-
-        def recompute() -> torch.Tensor:
-            return gated_activation_ref(up, self.act.forward)
-
-        with saved_as_recomputation(gated, recompute, up, modules=(self.down_proj,)):
-            down = self.down_proj(gated)
-        return self.dropout(down)
+        recompute = functools.partial(gated_activation_ref, hidden_states, self.act.forward)
+        with saved_as_recomputation(gated, recompute, hidden_states, modules=(self.down_proj,)):
+            hidden_states = self.down_proj(gated)
+        return self.dropout(hidden_states)
 
 
 class OrchidLayer(GradientCheckpointingLayer):

@@ -109,6 +109,22 @@ def test_the_glu_mlp_gradients_equal_the_written_out_ones_with_or_without_hooks(
         torch.testing.assert_close(theirs, plain, rtol=0, atol=0)
 
 
+def test_a_hook_that_changes_the_activation_gives_the_gradients_of_the_hooked_glu():
+    """GatedActivation's backward and the recomputed GLU output call act.forward; a hook on act (which may change
+    its output) makes the MLP take the written-out GLU, so the gradients follow what the hook did."""
+    torch.manual_seed(0)
+    mlp = OrchidMLP(glu_config()).train()
+    mlp.act.register_forward_hook(lambda module, inputs, output: 2 * output + 1)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    mlp(x).square().sum().backward()
+    grads = [x.grad] + [p.grad for p in mlp.parameters()]
+    leaf = x.detach().requires_grad_(True)
+    mlp.zero_grad()
+    mlp.dropout(mlp.down_proj(gated_activation_ref(mlp.up_proj(leaf), mlp.act))).square().sum().backward()
+    for ours, reference in zip(grads, [leaf.grad] + [p.grad for p in mlp.parameters()]):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=0)
+
+
 def test_the_glu_mlp_double_backward_and_gradgradcheck():
     torch.manual_seed(0)
     mlp = OrchidMLP(glu_config(hidden_size=8, intermediate_size=8, mlp_num_blocks=2)).double().train()
