@@ -362,8 +362,8 @@ class GatedActivation(torch.autograd.Function):
     one elementwise pass, and writes both halves of the gradient into one tensor. The results equal the written-out
     GLU's, gradients included; double backward works (a ``create_graph`` backward is differentiable).
 
-    ``act`` is the MLP's activation module; it is called as a module in forward, so its hooks fire once per call, and
-    its ``forward`` is called directly when backward recomputes it.
+    ``act`` is the MLP's activation module, called as a module in forward and through its ``forward`` when backward
+    recomputes it; a hook on it would see only the first call, so the MLP writes the GLU out where ``act`` has one.
     """
 
     @staticmethod
