@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> dict:
     if settings.profile_shapes or settings.profile_train_shapes or settings.activation_shapes:
         tables = profile_tables(settings, log, show=not args.silent)
         header = (f"# Profiles ({args.tag or 'untagged'})\n\nCommand: `{result['command']}`; "
-                  f"{settings.threads} thread(s), load average {load_average()}. Self CPU time of each op.\n\n")
+                  f"{settings.threads} thread(s), load average {load_average()}."
+                  + (" Self CPU time of each op." if settings.profile_shapes or settings.profile_train_shapes else "")
+                  + "\n\n")
         (out_dir / f"profile{('_' + args.tag) if args.tag else ''}.md").write_text(header + tables)
         return result
     workers = Workers(settings)
