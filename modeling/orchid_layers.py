@@ -55,9 +55,7 @@ def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
         raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, n, False)
-    if n > x.shape[dim]:
-        x = torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
-    return _dct_by_fft(x.movedim(dim, -1)).movedim(-1, dim)
+    return _dct_by_fft(zero_padded(x, dim, n).movedim(dim, -1)).movedim(-1, dim)
 
 
 def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Tensor:
@@ -122,6 +120,27 @@ class PocketfftTransform(torch.autograd.Function):
         return PocketfftTransform.apply(grad, ctx.dim, ctx.input_length, not ctx.inverse), None, None, None
 
 
+def zero_padded(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """x zero-padded at the end of ``dim`` to length ``n`` >= its length (x itself at that length).
+
+    Compiled or exported, always one pad op, whose size may be zero: a branch on the length, or the padding inside
+    ``torch.fft.rfft(x, n=n)``, would tie a graph traced with a dynamic length to one side of ``length < n``, and an
+    exported model (ONNX) to the example's length."""
+    if torch.compiler.is_compiling():
+        return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]])
+    if n == x.shape[dim]:
+        return x
+    return torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
+
+
+def rfft_padded(x: torch.Tensor, n: int, dim: int, norm: str | None = None) -> torch.Tensor:
+    """``torch.fft.rfft(x, n=n, dim=dim, norm=norm)`` for n >= the length of x along ``dim``, padded by
+    :func:`zero_padded` when compiled or exported."""
+    if torch.compiler.is_compiling():
+        return torch.fft.rfft(zero_padded(x, dim, n), dim=dim, norm=norm)
+    return torch.fft.rfft(x, n=n, dim=dim, norm=norm)
+
+
 def _dct_by_fft(x: torch.Tensor) -> torch.Tensor:
     """Orthonormal DCT-II along the last axis with one real FFT of the same length (Makhoul, 1980): the even-indexed
     samples followed by the odd-indexed ones reversed, transformed, then rotated by ``exp(-i pi k / 2N)``."""
@@ -154,7 +173,7 @@ def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> 
     the real FFT (complex, n // 2 + 1 samples)."""
     if transform == "dct":
         return dct(x, dim, n)
-    return torch.fft.rfft(x, n=n, dim=dim, norm="ortho")
+    return rfft_padded(x, n, dim, norm="ortho")
 
 
 def kernel_spectrum(kernel: torch.Tensor, transform: str, dim: int = 0) -> torch.Tensor:
@@ -187,7 +206,7 @@ def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, 
     length = x.shape[dim]
     if transform == "dct":
         return idct(dct(x, dim, n) * multiplier, dim, length)
-    spectrum = torch.fft.rfft(x, n=n, dim=dim) * multiplier
+    spectrum = rfft_padded(x, n, dim) * multiplier
     return torch.fft.irfft(spectrum, n=n, dim=dim).narrow(dim, 0, length)
 
 
@@ -338,9 +357,26 @@ def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     """The centred depthwise convolution of :class:`ShortConvolution`: around the circle where ``wrap`` (and the
     sequence is at least as long as the kernel's reach), else over zeros."""
     pad = weight.shape[-1] // 2
+    if isinstance(wrap, torch.SymBool) and pad > 0:
+        return depthwise_convolution(traced_circular_padding(x, pad, wrap), weight, bias)
     if wrap and 0 < pad <= x.shape[1]:
         return depthwise_convolution(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
     return depthwise_convolution(x, weight, bias, pad)
+
+
+def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> torch.Tensor:
+    """x (B, L, C) with ``pad`` samples added at either end of L: those of the other end where ``wrap`` and
+    ``pad <= L`` (the circular branch of :func:`short_convolution`), zeros otherwise.
+
+    Traced with a dynamic length (``torch.export``, ONNX), ``wrap`` (length == transform length) is symbolic, and a
+    branch on it would tie the graph to one side: here both ends are computed for any length and one is selected."""
+    length = x.shape[1]
+    wraps = torch.sym_ite(wrap, 1, 0) * torch.sym_ite(pad <= length, 1, 0)
+    select = torch.full((), wraps, dtype=torch.bool, device=x.device)
+    tail = F.pad(x, [0, 0, pad, 0])[:, length:]  # the last pad samples (zeros first where L < pad)
+    head = F.pad(x, [0, 0, 0, pad])[:, :pad]
+    zero = x.new_zeros(())
+    return torch.cat([torch.where(select, tail, zero), x, torch.where(select, head, zero)], dim=1)
 
 
 class ShortConvolution(nn.Module):
