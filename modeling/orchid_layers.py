@@ -47,7 +47,8 @@ def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
     ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
 
     On the CPU (float32 or float64, eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT
-    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980).
+    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980), written for an
+    exported graph in real arithmetic (:func:`_dct_in_graph`).
     """
     dim = dim % x.dim()
     n = x.shape[dim] if n is None else n
@@ -55,6 +56,8 @@ def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
         raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, n, False)
+    if is_exporting():
+        return _dct_in_graph(zero_padded(x, dim, n), dim)
     return _dct_by_fft(zero_padded(x, dim, n).movedim(dim, -1)).movedim(-1, dim)
 
 
@@ -65,6 +68,8 @@ def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Ten
     length = x.shape[dim] if length is None else length
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, length, True)
+    if is_exporting():
+        return _idct_in_graph(x, dim, length)
     return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
 
 
@@ -166,6 +171,61 @@ def _idct_by_fft(x: torch.Tensor) -> torch.Tensor:
     v = torch.fft.irfft(spectrum, n=n, dim=-1)
     # Undo Makhoul's reordering: y[2j] = v[j], y[2j + 1] = v[n - 1 - j].
     return torch.stack([v[..., : (n + 1) // 2], v.flip(-1)[..., : (n + 1) // 2]], dim=-1).flatten(-2)[..., :n]
+
+
+def is_exporting() -> bool:
+    """Whether the call is being traced by ``torch.export`` (and so for ONNX)."""
+    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
+    return exporting is not None and exporting()
+
+
+def _makhoul_order(n: int, device: torch.device) -> torch.Tensor:
+    """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
+    return torch.cat([torch.arange(0, n, 2, device=device), torch.arange(1, n, 2, device=device).flip(0)])
+
+
+def _along(values: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``values`` (n, ...) shaped to broadcast against x along ``dim`` (its trailing axes after the first kept)."""
+    return values.view(values.shape[0], *([1] * (x.dim() - 1 - dim)), *values.shape[1:])
+
+
+def _dct_in_graph(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """:func:`_dct_by_fft` along ``dim``, in the form an exported graph takes (``torch.export``, ONNX): Makhoul's
+    reordering as one gather, the real FFT along ``dim`` itself (no transposes), and output k as
+    ``Re V[k] cos(pi k / 2N) + Im V[k] sin(pi k / 2N)``, scaled, with V[k] of the upper half read from its mirror
+    V[N - k] = conj(V[k]): one gather of the half spectrum's real and imaginary parts and one weighted sum, where
+    the complex steps (the full spectrum, the rotation, the real part) would each be several ops in real pairs."""
+    n = x.shape[dim]
+    half = torch.view_as_real(torch.fft.rfft(x.index_select(dim, _makhoul_order(n, x.device)), dim=dim))
+    k = torch.arange(n, device=x.device)
+    mirrored = k > n // 2
+    angle = k.to(x.dtype) * (math.pi / (2 * n))
+    scale = x.new_full((n,), math.sqrt(2.0 / n)).masked_fill(k == 0, math.sqrt(1.0 / n))
+    sign = x.new_ones(n).masked_fill(mirrored, -1.0)  # the mirror's imaginary part changes sign
+    # (n, 2): the weights of each output's real and imaginary part.
+    weights = torch.stack([torch.cos(angle) * scale, torch.sin(angle) * sign * scale], dim=-1)
+    spectrum = half.index_select(dim, torch.where(mirrored, n - k, k))
+    return (spectrum * _along(weights, x, dim)).sum(-1)
+
+
+def _idct_in_graph(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """The first ``length`` samples of :func:`_idct_by_fft` along ``dim``, in the form an exported graph takes: with
+    X[N] = 0 and a = pi k / 2N, the half spectrum ``V[k] = (X[k] - i X[N - k]) exp(i a)`` of Makhoul's reordered
+    signal in real arithmetic (X[N - k] as one gather), its inverse real FFT along ``dim``, and the reordering undone
+    and the samples cut by one gather (a cut of its own, a view, would tie the graph to one side of length < N)."""
+    n = x.shape[dim]
+    m = n // 2 + 1
+    k = torch.arange(m, device=x.device)
+    angle = k.to(x.dtype) * (math.pi / (2 * n))
+    scale = x.new_full((m,), math.sqrt(n / 2.0)).masked_fill(k == 0, math.sqrt(float(n)))
+    cos, sin = _along(torch.cos(angle) * scale, x, dim), _along(torch.sin(angle) * scale, x, dim)
+    head = x.narrow(dim, 0, m)
+    # X[N - k]; at k = 0 the zero appended after the last sample, whatever its scale.
+    mirror = zero_padded(x, dim, n + 1).index_select(dim, n - k)
+    spectrum = torch.complex(head * cos + mirror * sin, head * sin - mirror * cos)
+    v = torch.fft.irfft(spectrum, n=n, dim=dim)
+    # v[i] holds y[order[i]]: y is v read at the inverse permutation.
+    return v.index_select(dim, torch.argsort(_makhoul_order(n, x.device))[:length])
 
 
 def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
