@@ -179,9 +179,16 @@ def is_exporting() -> bool:
     return exporting is not None and exporting()
 
 
-def _makhoul_order(n: int, device: torch.device) -> torch.Tensor:
+def _makhoul_order(n: int) -> list[int]:
     """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
-    return torch.cat([torch.arange(0, n, 2, device=device), torch.arange(1, n, 2, device=device).flip(0)])
+    return list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
+
+
+def _constant(values: list, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values`` as a tensor on ``like``'s device (in ``like``'s dtype unless ``dtype``). Traced, a constant of the
+    graph: computed here in Python rather than by ops in the graph, which the exporter would trace, translate and
+    fold on every call of a transform."""
+    return torch.tensor(values, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
 def _along(values: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -196,16 +203,14 @@ def _dct_in_graph(x: torch.Tensor, dim: int) -> torch.Tensor:
     V[N - k] = conj(V[k]): one gather of the half spectrum's real and imaginary parts and one weighted sum, where
     the complex steps (the full spectrum, the rotation, the real part) would each be several ops in real pairs."""
     n = x.shape[dim]
-    half = torch.view_as_real(torch.fft.rfft(x.index_select(dim, _makhoul_order(n, x.device)), dim=dim))
-    k = torch.arange(n, device=x.device)
-    mirrored = k > n // 2
-    angle = k.to(x.dtype) * (math.pi / (2 * n))
-    scale = x.new_full((n,), math.sqrt(2.0 / n)).masked_fill(k == 0, math.sqrt(1.0 / n))
-    sign = x.new_ones(n).masked_fill(mirrored, -1.0)  # the mirror's imaginary part changes sign
-    # (n, 2): the weights of each output's real and imaginary part.
-    weights = torch.stack([torch.cos(angle) * scale, torch.sin(angle) * sign * scale], dim=-1)
-    spectrum = half.index_select(dim, torch.where(mirrored, n - k, k))
-    return (spectrum * _along(weights, x, dim)).sum(-1)
+    half = torch.view_as_real(torch.fft.rfft(x.index_select(dim, _constant(_makhoul_order(n), x, torch.long)), dim=dim))
+    # (n, 2): the weights of each output's real and imaginary part; the mirror's imaginary part changes sign.
+    weights = []
+    for k in range(n):
+        angle, scale, sign = math.pi * k / (2 * n), math.sqrt((1.0 if k == 0 else 2.0) / n), -1 if k > n // 2 else 1
+        weights.append([math.cos(angle) * scale, math.sin(angle) * sign * scale])
+    spectrum = half.index_select(dim, _constant([n - k if k > n // 2 else k for k in range(n)], x, torch.long))
+    return (spectrum * _along(_constant(weights, x), x, dim)).sum(-1)
 
 
 def _idct_in_graph(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
@@ -215,17 +220,18 @@ def _idct_in_graph(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     and the samples cut by one gather (a cut of its own, a view, would tie the graph to one side of length < N)."""
     n = x.shape[dim]
     m = n // 2 + 1
-    k = torch.arange(m, device=x.device)
-    angle = k.to(x.dtype) * (math.pi / (2 * n))
-    scale = x.new_full((m,), math.sqrt(n / 2.0)).masked_fill(k == 0, math.sqrt(float(n)))
-    cos, sin = _along(torch.cos(angle) * scale, x, dim), _along(torch.sin(angle) * scale, x, dim)
+    scales = [math.sqrt(float(n) if k == 0 else n / 2.0) for k in range(m)]
+    cos = _along(_constant([math.cos(math.pi * k / (2 * n)) * scales[k] for k in range(m)], x), x, dim)
+    sin = _along(_constant([math.sin(math.pi * k / (2 * n)) * scales[k] for k in range(m)], x), x, dim)
     head = x.narrow(dim, 0, m)
     # X[N - k]; at k = 0 the zero appended after the last sample, whatever its scale.
-    mirror = zero_padded(x, dim, n + 1).index_select(dim, n - k)
+    mirror = zero_padded(x, dim, n + 1).index_select(dim, _constant([n - k for k in range(m)], x, torch.long))
     spectrum = torch.complex(head * cos + mirror * sin, head * sin - mirror * cos)
     v = torch.fft.irfft(spectrum, n=n, dim=dim)
     # v[i] holds y[order[i]]: y is v read at the inverse permutation.
-    return v.index_select(dim, torch.argsort(_makhoul_order(n, x.device))[:length])
+    order = _makhoul_order(n)
+    inverse = sorted(range(n), key=order.__getitem__)
+    return v.index_select(dim, _constant(inverse, x, torch.long)[:length])
 
 
 def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
