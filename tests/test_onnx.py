@@ -79,6 +79,7 @@ def exported(tmp_path_factory):
 def test_onnx_runtime_gives_pytorchs_outputs_on_padded_batches_of_any_shape(exported, transform, cls):
     model, path = exported(transform, cls)
     differences = compare_with_onnxruntime(model, path, shapes=SHAPES)
+    print(f"ONNX Runtime against PyTorch, {transform}, {cls.__name__}: {differences}")  # pytest -s shows it
     name = "last_hidden_state" if cls is OrchidModel else "logits"
     assert set(differences) == {name}
     assert differences[name] < ATOL, differences
