@@ -193,6 +193,41 @@ def _orchid_masked_lm(package_of: Callable, checkpointing: bool = False):
     return build
 
 
+class OnnxRuntimeModel(nn.Module):
+    """An Orchid model exported to ONNX (``orchid_hf.onnx.export_onnx``, into a temporary folder) and run by an ONNX
+    Runtime CPU session with as many intra-op threads as torch has (the benchmark's ``--threads``), called as the model
+    is: ``forward(input_ids=...)`` returns its ``last_hidden_state`` (an attention mask of ones, token types 0)."""
+
+    def __init__(self, model: nn.Module):
+        import tempfile
+
+        from transformers.modeling_outputs import BaseModelOutput
+
+        from orchid_hf.onnx import export_onnx, onnxruntime_session
+
+        super().__init__()
+        self.config = model.config
+        self.output_class = BaseModelOutput
+        self.folder = tempfile.TemporaryDirectory(prefix="orchid-onnx-")
+        path = export_onnx(model, Path(self.folder.name) / "model.onnx")
+        self.session = onnxruntime_session(path, threads=torch.get_num_threads())
+        self.inputs = [value.name for value in self.session.get_inputs()]
+
+    def forward(self, input_ids: torch.Tensor):
+        from orchid_hf.onnx import run_onnxruntime
+
+        feed = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                "token_type_ids": torch.zeros_like(input_ids)}
+        outputs = run_onnxruntime(self.session, {name: feed[name] for name in self.inputs})
+        return self.output_class(last_hidden_state=outputs["last_hidden_state"])
+
+
+def _onnxruntime_model(quick, length, reference, layers):
+    import orchid_hf
+
+    return OnnxRuntimeModel(_orchid_model(lambda _: orchid_hf)(quick, length, reference, layers).eval())
+
+
 def _bert_model(quick, length, reference, layers):
     from transformers import BertModel
 
@@ -228,6 +263,8 @@ class Candidate:
     builds the module kind of each); ``trains``: whether it runs forward + backward (the
     frozen copy of ``optimize_for_inference`` does not); ``baseline``: a reference point the Orchid candidates are
     compared with; ``wanted``: the settings field that must be set for it to run (``reference``, an opt-in flag);
+    ``needs_module``: a module that must be installed for it to run; ``torch_memory``: False where the candidate
+    allocates outside PyTorch (ONNX Runtime), whose peak memory the profiler cannot see and is not reported;
     ``masked_lm_label``: its name in the train part's model table."""
 
     name: str
@@ -237,6 +274,8 @@ class Candidate:
     trains: bool = True
     baseline: bool = False
     wanted: str | None = None
+    needs_module: str | None = None  # runs only where this module can be imported (an optional dependency)
+    torch_memory: bool = True  # allocates through PyTorch, so that the profiler sees its memory
     masked_lm_label: str | None = None
     materialises_scores: bool = False  # holds L x L attention scores: not run where they would not fit in memory
     color: str = "C9"  # in the plot
@@ -245,6 +284,10 @@ class Candidate:
         missing = [table for table in self.tables if TABLE_MODULE[table] not in self.builds]
         if missing:
             raise ValueError(f"candidate {self.name} runs in {missing} but builds only {list(self.builds)}")
+
+    def installed(self) -> bool:
+        """Whether what it needs is installed (``needs_module``)."""
+        return self.needs_module is None or importlib.util.find_spec(self.needs_module) is not None
 
     def build(self, kind: str, *args) -> nn.Module:
         if kind not in self.builds:
@@ -268,6 +311,11 @@ CANDIDATES: dict[str, Candidate] = {
             "orchid_optimized", "Orchid, optimize_for_inference",
             dict(operator=_optimized_operator, model=_optimized_model),
             tables=("operator", "model"), trains=False, color="C1",
+        ),
+        # The plain model exported to ONNX and run by ONNX Runtime, where onnxruntime is installed (the onnx extra).
+        Candidate(
+            "orchid_onnxruntime", "Orchid, ONNX Runtime", dict(model=_onnxruntime_model),
+            tables=("model",), trains=False, needs_module="onnxruntime", torch_memory=False, color="C5",
         ),
         Candidate(
             "orchid_checkpointing", "Orchid, gradient checkpointing",
@@ -302,11 +350,12 @@ ORCHID_CANDIDATES = tuple(name for name, c in CANDIDATES.items() if not c.baseli
 
 def candidates_in(table: str, mode: str = "forward_backward", settings=None) -> list[str]:
     """The candidates of a table (``TABLES``) in a mode, in registry order: those that run in it, train if the mode
-    does, and whose ``wanted`` setting is set (none is without ``settings``)."""
+    does, whose ``wanted`` setting is set (none is without ``settings``) and whose ``needs_module`` is installed."""
     return [
         c.name for c in CANDIDATES.values()
         if table in c.tables and (c.trains or mode == "forward")
         and (c.wanted is None or (settings is not None and getattr(settings, c.wanted)))
+        and c.installed()
     ]
 
 

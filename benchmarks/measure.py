@@ -36,7 +36,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.candidates import REFERENCE, build_steps, load_modeling
+from benchmarks.candidates import CANDIDATES, REFERENCE, build_steps, load_modeling
 from benchmarks.settings import BenchmarkSettings
 
 # Calls up to this long are profiled a second time after timing, for the peak memory of later calls.
@@ -264,7 +264,9 @@ def measure_point(workers: Workers, impls: list[str], spec: dict, settings: Benc
             out[impl] = {"failed": failure.reason}
             continue
         single = warmup["seconds"] > settings.max_call_s
-        out[impl] = {"peak_bytes": warmup["peak_bytes"], "warmup_s": warmup["seconds"], "single_call": single}
+        # The profiler sees PyTorch's allocations only: a candidate that allocates elsewhere has no peak to report.
+        peak = warmup["peak_bytes"] if CANDIDATES[impl].torch_memory else None
+        out[impl] = {"peak_bytes": peak, "warmup_s": warmup["seconds"], "single_call": single}
         if single:
             out[impl]["times_s"] = [warmup["seconds"]]
             if "optimizer_s" in warmup:
@@ -284,7 +286,7 @@ def measure_point(workers: Workers, impls: list[str], spec: dict, settings: Benc
         out[impl]["times_s"] = times
     for impl, worker in timed.items():
         # Peak memory once more after the timed calls: what each later call needs on its own.
-        if out[impl]["warmup_s"] <= LATER_PEAK_MAX_CALL_S:
+        if out[impl]["warmup_s"] <= LATER_PEAK_MAX_CALL_S and CANDIDATES[impl].torch_memory:
             out[impl]["later_peak_bytes"] = worker.request("profile")["peak_bytes"]
         if settings.rss:
             out[impl]["rss_peak_bytes"] = worker.request("rss")["rss_peak_bytes"]

@@ -48,7 +48,8 @@ def summarize(records: list[dict], settings: BenchmarkSettings) -> dict:
                 speedups[f"{batch}x{length}"] = {
                     impl: {
                         "speedup": round(base["time_s"] / r["time_s"], 3),
-                        "memory_ratio": round(r["peak_bytes"] / max(base["peak_bytes"], 1), 3),
+                        "memory_ratio": None if r["peak_bytes"] is None
+                        else round(r["peak_bytes"] / max(base["peak_bytes"], 1), 3),
                     }
                     for impl, r in point.items() if impl != model_baseline
                 }
@@ -209,6 +210,10 @@ def markdown_report(result: dict, settings: BenchmarkSettings) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += failure_notes([r for r in model if r["mode"] == mode])
+        unseen = [LABELS[impl] for impl in impls if not CANDIDATES[impl].torch_memory]
+        if unseen:
+            lines += [f"{', '.join(unseen)}: allocates outside PyTorch, so its memory is not measured (`-`); `--rss` "
+                      "gives each call's peak RSS growth.", ""]
         if any(r.get("single_call") for r in model if r["mode"] == mode):
             lines += ["¹ a single call (the profiled warm-up): at this size one call takes minutes.", ""]
     lines += train_markdown([r for r in records if r["part"] == "train"], settings)

@@ -104,7 +104,7 @@ class BenchmarkSettings:
         part runs without a reference (``operator_impls``, ``model_impls``)."""
         config = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, torch.dtype) else v)
                   for k, v in asdict(self).items()}
-        plain = [name for name, c in CANDIDATES.items() if c.wanted is None]
+        plain = [name for name, c in CANDIDATES.items() if c.wanted is None and c.installed()]
         config["operator_impls"] = [name for name in plain if "operator" in CANDIDATES[name].tables]
         config["model_impls"] = [name for name in plain if "model" in CANDIDATES[name].tables]
         return config

@@ -36,7 +36,8 @@ def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
     ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
 
     On the CPU (float32 or float64, eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT
-    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980).
+    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980), written for an
+    exported graph in real arithmetic (:func:`_dct_in_graph`).
     """
     dim = dim % x.dim()
     n = x.shape[dim] if n is None else n
@@ -44,9 +45,9 @@ def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
         raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, n, False)
-    if n > x.shape[dim]:
-        x = torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
-    return _dct_by_fft(x.movedim(dim, -1)).movedim(-1, dim)
+    if is_exporting():
+        return _dct_in_graph(zero_padded(x, dim, n), dim)
+    return _dct_by_fft(zero_padded(x, dim, n).movedim(dim, -1)).movedim(-1, dim)
 
 
 def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Tensor:
@@ -56,6 +57,8 @@ def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Ten
     length = x.shape[dim] if length is None else length
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, length, True)
+    if is_exporting():
+        return _idct_in_graph(x, dim, length)
     return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
 
 
@@ -111,6 +114,27 @@ class PocketfftTransform(torch.autograd.Function):
         return PocketfftTransform.apply(grad, ctx.dim, ctx.input_length, not ctx.inverse), None, None, None
 
 
+def zero_padded(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """x zero-padded at the end of ``dim`` to length ``n`` >= its length (x itself at that length).
+
+    Compiled or exported, always one pad op, whose size may be zero: a branch on the length, or the padding inside
+    ``torch.fft.rfft(x, n=n)``, would tie a graph traced with a dynamic length to one side of ``length < n``, and an
+    exported model (ONNX) to the example's length."""
+    if torch.compiler.is_compiling():
+        return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]])
+    if n == x.shape[dim]:
+        return x
+    return torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
+
+
+def rfft_padded(x: torch.Tensor, n: int, dim: int, norm: str | None = None) -> torch.Tensor:
+    """``torch.fft.rfft(x, n=n, dim=dim, norm=norm)`` for n >= the length of x along ``dim``, padded by
+    :func:`zero_padded` when compiled or exported."""
+    if torch.compiler.is_compiling():
+        return torch.fft.rfft(zero_padded(x, dim, n), dim=dim, norm=norm)
+    return torch.fft.rfft(x, n=n, dim=dim, norm=norm)
+
+
 def _dct_by_fft(x: torch.Tensor) -> torch.Tensor:
     """Orthonormal DCT-II along the last axis with one real FFT of the same length (Makhoul, 1980): the even-indexed
     samples followed by the odd-indexed ones reversed, transformed, then rotated by ``exp(-i pi k / 2N)``."""
@@ -138,12 +162,73 @@ def _idct_by_fft(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([v[..., : (n + 1) // 2], v.flip(-1)[..., : (n + 1) // 2]], dim=-1).flatten(-2)[..., :n]
 
 
+def is_exporting() -> bool:
+    """Whether the call is being traced by ``torch.export`` (and so for ONNX)."""
+    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
+    return exporting is not None and exporting()
+
+
+def _makhoul_order(n: int) -> list[int]:
+    """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
+    return list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
+
+
+def _constant(values: list, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values`` as a tensor on ``like``'s device (in ``like``'s dtype unless ``dtype``). Traced, a constant of the
+    graph: computed here in Python rather than by ops in the graph, which the exporter would trace, translate and
+    fold on every call of a transform."""
+    return torch.tensor(values, dtype=like.dtype if dtype is None else dtype, device=like.device)
+
+
+def _along(values: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``values`` (n, ...) shaped to broadcast against x along ``dim`` (its trailing axes after the first kept)."""
+    return values.view(values.shape[0], *([1] * (x.dim() - 1 - dim)), *values.shape[1:])
+
+
+def _dct_in_graph(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """:func:`_dct_by_fft` along ``dim``, in the form an exported graph takes (``torch.export``, ONNX): Makhoul's
+    reordering as one gather, the real FFT along ``dim`` itself (no transposes), and output k as
+    ``Re V[k] cos(pi k / 2N) + Im V[k] sin(pi k / 2N)``, scaled, with V[k] of the upper half read from its mirror
+    V[N - k] = conj(V[k]): one gather of the half spectrum's real and imaginary parts and one weighted sum, where
+    the complex steps (the full spectrum, the rotation, the real part) would each be several ops in real pairs."""
+    n = x.shape[dim]
+    half = torch.view_as_real(torch.fft.rfft(x.index_select(dim, _constant(_makhoul_order(n), x, torch.long)), dim=dim))
+    # (n, 2): the weights of each output's real and imaginary part; the mirror's imaginary part changes sign.
+    weights = []
+    for k in range(n):
+        angle, scale, sign = math.pi * k / (2 * n), math.sqrt((1.0 if k == 0 else 2.0) / n), -1 if k > n // 2 else 1
+        weights.append([math.cos(angle) * scale, math.sin(angle) * sign * scale])
+    spectrum = half.index_select(dim, _constant([n - k if k > n // 2 else k for k in range(n)], x, torch.long))
+    return (spectrum * _along(_constant(weights, x), x, dim)).sum(-1)
+
+
+def _idct_in_graph(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """The first ``length`` samples of :func:`_idct_by_fft` along ``dim``, in the form an exported graph takes: with
+    X[N] = 0 and a = pi k / 2N, the half spectrum ``V[k] = (X[k] - i X[N - k]) exp(i a)`` of Makhoul's reordered
+    signal in real arithmetic (X[N - k] as one gather), its inverse real FFT along ``dim``, and the reordering undone
+    and the samples cut by one gather (a cut of its own, a view, would tie the graph to one side of length < N)."""
+    n = x.shape[dim]
+    m = n // 2 + 1
+    scales = [math.sqrt(float(n) if k == 0 else n / 2.0) for k in range(m)]
+    cos = _along(_constant([math.cos(math.pi * k / (2 * n)) * scales[k] for k in range(m)], x), x, dim)
+    sin = _along(_constant([math.sin(math.pi * k / (2 * n)) * scales[k] for k in range(m)], x), x, dim)
+    head = x.narrow(dim, 0, m)
+    # X[N - k]; at k = 0 the zero appended after the last sample, whatever its scale.
+    mirror = zero_padded(x, dim, n + 1).index_select(dim, _constant([n - k for k in range(m)], x, torch.long))
+    spectrum = torch.complex(head * cos + mirror * sin, head * sin - mirror * cos)
+    v = torch.fft.irfft(spectrum, n=n, dim=dim)
+    # v[i] holds y[order[i]]: y is v read at the inverse permutation.
+    order = _makhoul_order(n)
+    inverse = sorted(range(n), key=order.__getitem__)
+    return v.index_select(dim, _constant(inverse, x, torch.long)[:length])
+
+
 def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
     """The orthonormal transform T of App. C.2 along ``dim`` of x zero-padded to n: the DCT-II (real, n samples) or
     the real FFT (complex, n // 2 + 1 samples)."""
     if transform == "dct":
         return dct(x, dim, n)
-    return torch.fft.rfft(x, n=n, dim=dim, norm="ortho")
+    return rfft_padded(x, n, dim, norm="ortho")
 
 
 def kernel_spectrum(kernel: torch.Tensor, transform: str, dim: int = 0) -> torch.Tensor:
@@ -176,7 +261,7 @@ def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, 
     length = x.shape[dim]
     if transform == "dct":
         return idct(dct(x, dim, n) * multiplier, dim, length)
-    spectrum = torch.fft.rfft(x, n=n, dim=dim) * multiplier
+    spectrum = rfft_padded(x, n, dim) * multiplier
     return torch.fft.irfft(spectrum, n=n, dim=dim).narrow(dim, 0, length)
 
 
@@ -311,9 +396,26 @@ def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     """The centred depthwise convolution of :class:`ShortConvolution`: around the circle where ``wrap`` (and the
     sequence is at least as long as the kernel's reach), else over zeros."""
     pad = weight.shape[-1] // 2
+    if isinstance(wrap, torch.SymBool) and pad > 0:
+        return depthwise_convolution(traced_circular_padding(x, pad, wrap), weight, bias)
     if wrap and 0 < pad <= x.shape[1]:
         return depthwise_convolution(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
     return depthwise_convolution(x, weight, bias, pad)
+
+
+def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> torch.Tensor:
+    """x (B, L, C) with ``pad`` samples added at either end of L: those of the other end where ``wrap`` and
+    ``pad <= L`` (the circular branch of :func:`short_convolution`), zeros otherwise.
+
+    Traced with a dynamic length (``torch.export``, ONNX), ``wrap`` (length == transform length) is symbolic, and a
+    branch on it would tie the graph to one side: here both ends are computed for any length and one is selected."""
+    length = x.shape[1]
+    wraps = torch.sym_ite(wrap, 1, 0) * torch.sym_ite(pad <= length, 1, 0)
+    select = torch.full((), wraps, dtype=torch.bool, device=x.device)
+    tail = F.pad(x, [0, 0, pad, 0])[:, length:]  # the last pad samples (zeros first where L < pad)
+    head = F.pad(x, [0, 0, 0, pad])[:, :pad]
+    zero = x.new_zeros(())
+    return torch.cat([torch.where(select, tail, zero), x, torch.where(select, head, zero)], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ scipy; the recipes, metrics, image pipeline and plots need more, grouped into ex
 | ``vision`` | the image-classification recipe | ``train``, ``plot``, Pillow, scikit-learn |
 | ``plot`` | figures (confusion matrices, benchmark and recall plots) | matplotlib |
 | ``embeddings`` | sentence embeddings (``orchid_hf.embeddings``) | sentence-transformers |
+| ``onnx`` | ONNX export and ONNX Runtime (``orchid_hf.onnx``) | onnx, onnxscript, onnxruntime |
 | ``dev`` | the test suite and linting | all of the above, pytest, ruff, peft |
 
 :func:`require_extra` imports a module of one of them, or says which extra to install.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-EXTRAS = ("train", "vision", "plot", "embeddings", "dev")
+EXTRAS = ("train", "vision", "plot", "embeddings", "onnx", "dev")
 
 
 def require_extra(module: str, extra: str) -> ModuleType:

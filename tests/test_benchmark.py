@@ -65,16 +65,22 @@ def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path
             assert points == lengths, (impl, mode)
     for record in records:
         assert record["time_s"] > 0 and all(t > 0 for t in record["times_s"])
-        assert record["peak_bytes"] > 0 and record["later_peak_bytes"] > 0
+        if record["impl"] == "orchid_onnxruntime":  # ONNX Runtime allocates outside PyTorch: only the RSS sees it
+            assert record["peak_bytes"] is None and record["later_peak_bytes"] is None
+        else:
+            assert record["peak_bytes"] > 0 and record["later_peak_bytes"] > 0
         assert record["rss_peak_bytes"] is not None
         assert not record["extrapolated"]
     model = {(r["impl"], r["mode"]) for r in records if r["part"] == "model"}
-    assert model == {(impl, "forward") for impl in ("orchid", "orchid_optimized", "orchid_reference", "bert")} | {
+    forward = ("orchid", "orchid_optimized", "orchid_onnxruntime", "orchid_reference", "bert")
+    assert model == {(impl, "forward") for impl in forward} | {
         (impl, "forward_backward") for impl in ("orchid", "orchid_reference", "bert")
     }
     summary = result["summary"]
     assert summary["exponents"]["orchid/forward"]["points"] == len(lengths)
-    assert set(summary["model_speedups"]["forward"]["2x16"]) >= {"orchid", "orchid_optimized", "reference_ratio"}
+    assert set(summary["model_speedups"]["forward"]["2x16"]) >= {
+        "orchid", "orchid_optimized", "orchid_onnxruntime", "reference_ratio"}
+    assert summary["model_speedups"]["forward"]["2x16"]["orchid_onnxruntime"]["memory_ratio"] is None
     assert set(summary["model_speedups"]["forward_backward"]["2x16"]["reference_ratio"]) == {
         "orchid", "orchid_reference"}
     assert "targets" not in summary
@@ -85,6 +91,7 @@ def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path
     assert "## Operator, forward" in markdown and "## Model, forward, torch.float32, 2 layers" in markdown
     assert "## Model, forward + backward" in markdown and "Orchid, reference version" in markdown
     assert "Orchid speed-up over BertModel (SDPA)" in markdown
+    assert "Orchid, ONNX Runtime: allocates outside PyTorch, so its memory is not measured" in markdown
     assert " met" not in markdown and "target" not in markdown.lower()
     assert (tmp_path / "benchmark_tiny.png").stat().st_size > 10_000
 
@@ -493,7 +500,8 @@ def test_profile_times_the_plain_models_implicit_filters(tmp_path, capsys):
 
 
 def test_the_registry_declares_what_each_candidate_builds_and_refuses_the_rest():
-    assert candidates.candidates_in("model", "forward") == ["orchid", "orchid_optimized", "bert"]
+    assert candidates.candidates_in("model", "forward") == ["orchid", "orchid_optimized", "orchid_onnxruntime", "bert"]
+    assert candidates.candidates_in("model", "forward_backward") == ["orchid", "bert"]
     assert candidates.candidates_in("operator", "forward_backward") == ["orchid", "attention_sdpa", "attention_math"]
     assert {table: candidates.baseline_of(table) for table in candidates.TABLES} == {
         "operator": "attention_sdpa", "model": "bert", "train_model": "bert", "train_operator": "attention_sdpa"}
@@ -501,6 +509,14 @@ def test_the_registry_declares_what_each_candidate_builds_and_refuses_the_rest()
         candidates.build_masked_lm("attention_sdpa", True, 16)
     with pytest.raises(ValueError, match=r"candidate x runs in \['model'\] but builds only \['operator'\]"):
         candidates.Candidate("x", "X", dict(operator=lambda *args: None), tables=("model",))
+
+
+def test_the_onnxruntime_candidate_runs_only_where_onnxruntime_is_installed(monkeypatch):
+    real_find_spec = candidates.importlib.util.find_spec
+    monkeypatch.setattr(candidates.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "onnxruntime" else real_find_spec(name, *args))
+    assert candidates.candidates_in("model", "forward") == ["orchid", "orchid_optimized", "bert"]
+    assert quick_settings().to_json()["model_impls"] == ["orchid", "orchid_optimized", "bert"]
 
 
 def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
@@ -512,7 +528,7 @@ def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
         "dtype", "reference", "exponent_range", "memory_length",
     }
     assert config["operator_impls"] == ["orchid", "orchid_optimized", "attention_sdpa", "attention_math"]
-    assert config["model_impls"] == ["orchid", "orchid_optimized", "bert"]
+    assert config["model_impls"] == ["orchid", "orchid_optimized", "orchid_onnxruntime", "bert"]
     assert config["parts"] == ["model", "train"] and config["model_shapes"] == [(2, 16)]
     assert config["dtype"] == "torch.float32" and config["exponent_range"] == [64, 256]
     json.dumps(config)  # every value is JSON

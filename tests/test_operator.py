@@ -77,6 +77,23 @@ def test_dct_matches_scipy_and_inverse_round_trips(n, dtype):
     torch.testing.assert_close(idct(dct(x)), x, atol=10 * tolerance, rtol=0)
 
 
+@pytest.mark.parametrize("n", LENGTHS)
+def test_the_dct_of_an_exported_graph_matches_scipy_along_any_axis(n, monkeypatch):
+    # Traced by torch.export (ONNX), the DCT takes its real-arithmetic form (_dct_in_graph, _idct_in_graph).
+    monkeypatch.setattr(orchid_ops, "scipy_fft", None)
+    monkeypatch.setattr(orchid_ops, "is_exporting", lambda: True)
+    for name in ("_dct_by_fft", "_idct_by_fft"):  # not reached
+        monkeypatch.setattr(orchid_ops, name, None)
+    for dim in (0, 1, 2):
+        x = torch.randn(*[n if axis == dim else 3 for axis in range(3)], dtype=torch.float64)
+        padded = dct(x, dim=dim, n=n + 3)
+        np.testing.assert_allclose(to_np(padded), scipy.fft.dct(x.numpy(), n=n + 3, axis=dim, norm="ortho"), atol=1e-12)
+        inverse = scipy.fft.idct(padded.numpy(), axis=dim, norm="ortho")
+        np.testing.assert_allclose(to_np(idct(padded, dim=dim, length=n)), inverse.take(range(n), axis=dim),
+                                   atol=1e-12)
+        np.testing.assert_allclose(to_np(idct(padded, dim=dim, length=n)), x.numpy(), atol=1e-12)
+
+
 @both_dct_backends
 @pytest.mark.parametrize(("n", "length"), [(16, 16), (16, 9), (300, 300), (301, 250)])
 def test_dct_along_the_sequence_axis_zero_pads_and_the_inverse_cuts(n, length):

@@ -1,0 +1,413 @@
+"""ONNX export of Orchid models, and their check against PyTorch with ONNX Runtime.
+
+    from orchid_hf.onnx import export_onnx
+    export_onnx(model, "model.onnx", verify=True)      # or a saved folder: export_onnx("my-orchid", "model.onnx")
+
+The graph comes from ``torch.onnx.export(..., dynamo=True)`` (``torch.export``, then the ONNX translation) with a
+dynamic batch and, for text, a dynamic length from 1 to ``config.max_sequence_length``; the transforms keep their
+fixed length, ``max_sequence_length``. The DCT and the FFT are the graph's own ``DFT`` operators: traced, the model
+takes its torch path for the DCT (Makhoul's algorithm with one real FFT), not SciPy's pocketfft, which cannot be
+traced. What is exported is the plain model in float32; see :func:`export_onnx` for what is refused and why.
+
+Everything here needs the ``onnx`` extra (``pip install "orchid-hf[onnx]"``: onnx, onnxscript, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .extras import require_extra
+from .modeling import (
+    OrchidForImageClassification,
+    OrchidForMaskedLM,
+    OrchidForMultipleChoice,
+    OrchidForQuestionAnswering,
+    OrchidForSequenceClassification,
+    OrchidForTokenClassification,
+    OrchidModel,
+    OrchidOperator,
+    OrchidPreTrainedModel,
+)
+from .modeling.modeling_orchid import OrchidLayer
+
+# The outputs of each exportable class, in the order of the graph's outputs.
+OUTPUT_NAMES: dict[type, tuple[str, ...]] = {
+    OrchidModel: ("last_hidden_state",),
+    OrchidForMaskedLM: ("logits",),
+    OrchidForSequenceClassification: ("logits",),
+    OrchidForTokenClassification: ("logits",),
+    OrchidForQuestionAnswering: ("start_logits", "end_logits"),
+    OrchidForImageClassification: ("logits",),
+    OrchidForMultipleChoice: ("logits",),
+    OrchidOperator: ("output",),
+}
+# The tolerance of verify=True: the largest absolute difference allowed between ONNX Runtime's outputs and PyTorch's.
+VERIFY_ATOL = 1e-4
+EXAMPLE_BATCH = 2
+
+
+def require_onnx(module: str = "onnxruntime"):
+    """``module`` (onnx, onnxscript or onnxruntime), or an ImportError naming the ``onnx`` extra."""
+    return require_extra(module, "onnx")
+
+
+# ---------------------------------------------------------------------------------------------
+# What is exported
+# ---------------------------------------------------------------------------------------------
+
+
+def exportable(model) -> nn.Module:
+    """``model`` itself if :func:`export_onnx` can export it; otherwise a ValueError naming the part that cannot be
+    exported and what to export instead."""
+    from .inference import FrozenWeight
+
+    if not isinstance(model, tuple(OUTPUT_NAMES)):
+        names = ", ".join(cls.__name__ for cls in OUTPUT_NAMES)
+        hint = "; merge its peft adapters first (merge_and_unload())" if hasattr(model, "peft_config") else ""
+        raise ValueError(f"export_onnx exports Orchid models ({names}), got {type(model).__name__}{hint}")
+    if any(isinstance(parameter, FrozenWeight) for parameter in model.parameters()):
+        raise ValueError(
+            "this model was made by optimize_for_inference, whose CPU paths (pocketfft in place, oneDNN's packed "
+            "weights) cannot be traced into a graph; export the plain model (the one optimize_for_inference was "
+            "given, or a plain model loaded from the same weights): it gives the same outputs, and ONNX Runtime "
+            "optimises the graph itself"
+        )
+    for name, module in model.named_modules():
+        if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
+            raise ValueError(
+                f"module {name!r} is a quantised {type(module).__name__}, which the ONNX export does not trace; "
+                "export the float32 model and quantise the ONNX graph with onnxruntime.quantization"
+            )
+    dtypes = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()})
+    if dtypes != ["torch.float32"]:
+        raise ValueError(
+            f"export_onnx exports float32 models, got parameters in {dtypes}; export model.float() (ONNX Runtime's "
+            "CPU kernels have no bfloat16 DFT)"
+        )
+    return model
+
+
+def input_names(model: nn.Module) -> tuple[str, ...]:
+    """The graph's inputs: ``pixel_values`` for image models; ``input_ids``, ``attention_mask`` and, where the model
+    has token types, ``token_type_ids`` for text; ``hidden_states`` and ``attention_mask`` for an operator."""
+    if isinstance(model, OrchidOperator):
+        return ("hidden_states", "attention_mask")
+    if model.config.is_vision:
+        return ("pixel_values",)
+    names = ("input_ids", "attention_mask")
+    return names + ("token_type_ids",) if model.config.type_vocab_size > 0 else names
+
+
+def max_length(model: nn.Module) -> int:
+    """The longest input: the transform length of the model (``config.max_sequence_length``) or operator."""
+    return model.max_len if isinstance(model, OrchidOperator) else model.config.max_sequence_length
+
+
+def output_names(model: nn.Module) -> tuple[str, ...]:
+    return next(names for cls, names in OUTPUT_NAMES.items() if isinstance(model, cls))
+
+
+class ExportedForward(nn.Module):
+    """The model's forward with its inputs as positional tensors and its outputs as a tuple of tensors, as the graph
+    has them."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.inputs = input_names(model)
+        self.outputs = output_names(model)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = dict(zip(self.inputs, tensors))
+        if isinstance(self.model, OrchidOperator):
+            return (self.model(inputs["hidden_states"], inputs["attention_mask"]),)
+        result = self.model(**inputs, return_dict=True)
+        return tuple(getattr(result, name) for name in self.outputs)
+
+
+# OrchidForMultipleChoice's inputs have a choices axis; each example (and the check) has this many choices.
+EXAMPLE_CHOICES = 2
+
+
+def example_inputs(
+    model: nn.Module, batch: int, length: int, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """Random inputs of the graph's names for (batch, length) (length is ignored by image models; multiple choice
+    has EXAMPLE_CHOICES choices per example): token ids in [1, vocab_size), a mask with the first row padded on the
+    right and, from two rows on, the last row padded on the left (a third of each row padding), token types 0 then
+    1."""
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    names = input_names(model)
+    if "pixel_values" in names:
+        config = model.config
+        shape = (batch, config.num_channels, config.image_size, config.image_size)
+        return {"pixel_values": torch.randn(shape, generator=generator)}
+    choices = EXAMPLE_CHOICES if isinstance(model, OrchidForMultipleChoice) else 1
+    rows = batch * choices
+    mask = torch.ones(rows, length, dtype=torch.int64)
+    padding = length // 3
+    if padding:
+        mask[0, length - padding :] = 0
+        if rows > 1:
+            mask[-1, :padding] = 0
+    if "hidden_states" in names:
+        hidden = torch.randn(batch, length, model.d_model, generator=generator)
+        return {"hidden_states": hidden, "attention_mask": mask}
+    inputs = {
+        "input_ids": torch.randint(1, model.config.vocab_size, (rows, length), generator=generator),
+        "attention_mask": mask,
+    }
+    if "token_type_ids" in names:
+        inputs["token_type_ids"] = (torch.arange(length) >= length // 2).to(torch.int64).expand(rows, length)
+    if choices > 1:
+        inputs = {name: tensor.reshape(batch, choices, length) for name, tensor in inputs.items()}
+    return inputs
+
+
+def dynamic_axes(model: nn.Module) -> dict[str, dict[int, str]]:
+    """The named dynamic axes of each input: batch always; length for text and operators; the choices of
+    multiple choice."""
+    sequence = {1: "choices", 2: "length"} if isinstance(model, OrchidForMultipleChoice) else {1: "length"}
+    if max_length(model) < 2:  # one token: nothing to vary (and torch.export specialises size 1)
+        sequence = {axis: name for axis, name in sequence.items() if name != "length"}
+    return {name: {0: "batch"} if name == "pixel_values" else {0: "batch", **sequence} for name in input_names(model)}
+
+
+@contextlib.contextmanager
+def tracing_state(model: nn.Module) -> Iterator[None]:
+    """The model as it is traced, restored afterwards: eval mode; parameters that do not require grad, traced with
+    grad mode on, so that the operator mixes all channels at once (its channel groups depend on the batch size
+    without autograd) and runs its long convolutions without recomputation; and every layer's feed-forward on all
+    tokens at once (its chunks depend on batch x length). Neither changes the outputs; both would otherwise tie
+    the graph to the example's shape."""
+    training = model.training
+    requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+    chunks = [(layer, layer.chunk_size_feed_forward) for layer in model.modules() if isinstance(layer, OrchidLayer)]
+    try:
+        model.eval()
+        for parameter, _ in requires_grad:
+            parameter.requires_grad_(False)
+        for layer, _ in chunks:
+            layer.chunk_size_feed_forward = 0
+        with torch.enable_grad():
+            yield
+    finally:
+        for layer, size in chunks:
+            layer.chunk_size_feed_forward = size
+        for parameter, flag in requires_grad:
+            parameter.requires_grad_(flag)
+        model.train(training)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------------------------
+
+
+def stable_sort(self, dim: int = -1, descending: bool = False, stable: bool = False):
+    """``aten::sort.stable`` in ONNX, which torch's exporter lacks: ``TopK`` over the whole axis, whose ties keep the
+    order of their indices (the ONNX specification), as a stable sort does. The model sorts its 0/1 padding flags
+    this way to move each row's real tokens to the front (``front_packing_order``)."""
+    from onnxscript.onnx_opset import opset18 as op
+
+    size = op.Reshape(op.Gather(op.Shape(self), dim, axis=0), op.Constant(value_ints=[1]))
+    values, indices = op.TopK(op.Cast(self, to=1), size, axis=dim, largest=descending, sorted=True)  # 1: float
+    return op.CastLike(values, self), indices
+
+
+def load_for_export(model_or_path) -> nn.Module:
+    """An Orchid model, or one loaded from a saved folder (or Hub id) as the class its config names."""
+    if isinstance(model_or_path, nn.Module):
+        return model_or_path
+    from transformers import AutoConfig
+
+    import orchid_hf
+
+    from .hub import from_pretrained
+
+    how_to_local = "Pass a folder written by save_pretrained."
+    path = os.fspath(model_or_path)
+    config = from_pretrained(AutoConfig, path, what="model", how_to_local=how_to_local)
+    names = [name for name in (getattr(config, "architectures", None) or []) if hasattr(orchid_hf, name)]
+    cls = getattr(orchid_hf, names[0]) if names else OrchidModel
+    if not issubclass(cls, OrchidPreTrainedModel):
+        raise ValueError(f"{path} holds a {cls.__name__}, not an Orchid model")
+    return from_pretrained(cls, path, what="model", how_to_local=how_to_local, config=config)
+
+
+def export_onnx(
+    model_or_path,
+    path: str | os.PathLike,
+    *,
+    verify: bool = False,
+    atol: float = VERIFY_ATOL,
+    opset_version: int | None = None,
+    optimize: bool = True,
+) -> Path:
+    """Export an Orchid model (or a saved folder or Hub id holding one) to the ONNX file ``path``; returns the path.
+
+    The graph's inputs are ``input_ids``, ``attention_mask`` (and ``token_type_ids`` where the model has token
+    types), int64, of shape (batch, length) with 1 <= length <= ``config.max_sequence_length``; image models take
+    ``pixel_values`` (batch, channels, size, size), operators ``hidden_states`` (batch, length, d_model) and
+    ``attention_mask``. Batch and length are dynamic axes named ``batch`` and ``length``. The outputs are those of
+    the model's output class: ``last_hidden_state`` (OrchidModel), ``logits`` (masked LM, sequence, token and image
+    classification), ``start_logits`` and ``end_logits`` (question answering). Padding on either side gives the
+    outputs PyTorch gives.
+
+    ``verify``: run the file with ONNX Runtime on random padded batches of other shapes than the example the graph
+    was traced with (:func:`compare_with_onnxruntime`) and raise a ValueError if an output differs from PyTorch's by
+    more than ``atol``. ``optimize``: let onnxscript's optimizer fold constants (the static filters' spectra) and
+    simplify the graph. ``opset_version``: the exporter's default if None.
+
+    Refused with a ValueError naming the part: a model made by ``optimize_for_inference`` (export the plain model),
+    quantised modules (quantise the ONNX graph instead), parameters in another dtype than float32, anything that is
+    not an Orchid model (a peft model: merge its adapters first). The model is traced in eval mode and left as
+    it was.
+    """
+    require_onnx("onnx")
+    require_onnx("onnxscript")
+    model = exportable(load_for_export(model_or_path))
+    path = Path(path)
+    if path.suffix != ".onnx":
+        raise ValueError(f"path must end in .onnx, got {str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    length = max_length(model)
+    # The example's batch and length must be at least 2 (torch.export specialises sizes 0 and 1) and differ from
+    # the shapes compare_with_onnxruntime checks.
+    example = example_inputs(model, EXAMPLE_BATCH, max(2, min(16, length // 2)))
+    axes = dynamic_axes(model)
+    dims = {
+        "batch": torch.export.Dim("batch", min=1),
+        "choices": torch.export.Dim("choices", min=1),
+        "length": torch.export.Dim("length", min=1, max=length),
+    }
+    wrapper = ExportedForward(model)
+    with tracing_state(model):
+        program = torch.export.export(
+            wrapper,
+            tuple(tensor.to(device) for tensor in example.values()),
+            dynamic_shapes=(tuple({axis: dims[name] for axis, name in axes[key].items()} for key in example),),
+            strict=False,
+        )
+    with quiet_exporter():
+        onnx_program = torch.onnx.export(
+            program,
+            dynamo=True,
+            input_names=list(wrapper.inputs),
+            output_names=list(wrapper.outputs),
+            # The axes' names: the exporter renames its symbols (s0, s1, ...) after them.
+            dynamic_shapes=(tuple(axes[key] for key in example),),
+            opset_version=opset_version,
+            optimize=optimize,
+            custom_translation_table={torch.ops.aten.sort.stable: stable_sort},
+            verbose=False,
+        )
+    check_dynamic_axes(onnx_program.model, axes)
+    onnx_program.save(str(path))
+    if verify:
+        differences = compare_with_onnxruntime(model, path)
+        worst = max(differences, key=differences.get)
+        if differences[worst] > atol:
+            raise ValueError(
+                f"the ONNX graph in {path} differs from PyTorch by up to {differences[worst]:.3g} in {worst} "
+                f"(atol={atol}); every output: {differences}"
+            )
+    return path
+
+
+# Loggers whose notices during an export say nothing about the model: that torchvision's operators are not
+# registered (when the exporter builds its registry), and that the constant folder skips TopK (the padding sort).
+QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript.optimizer._constant_folding")
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """torch.onnx.export without the notices of ``QUIET_LOGGERS`` (errors still show) and without the warning that an
+    axis name is used by several inputs (it is, on purpose: batch and length are the same axes in every input)."""
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="# The axis name: .* will not be used", category=UserWarning)
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def check_dynamic_axes(model, axes: dict[str, dict[int, str]]) -> None:
+    """A RuntimeError unless every input axis of ``axes`` is a symbol of its name in the graph ``model``
+    (an ``onnx_ir`` model): a size fixed to the example's would give wrong results or errors at other shapes."""
+    for value in model.graph.inputs:
+        for axis, name in axes[value.name].items():
+            dim = value.shape[axis]
+            if getattr(dim, "value", None) != name:
+                raise RuntimeError(f"axis {axis} of input {value.name} should be the dynamic axis {name!r}, got {dim}")
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX Runtime
+# ---------------------------------------------------------------------------------------------
+
+
+def onnxruntime_session(path: str | os.PathLike, threads: int | None = None):
+    """An ONNX Runtime CPU session of the file ``path``, with ``threads`` intra-op threads (ONNX Runtime's default
+    if None)."""
+    onnxruntime = require_onnx("onnxruntime")
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: its notes on constants it cannot fold say nothing to the user
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_onnxruntime(session, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The session's outputs, by name, for inputs given as tensors by name."""
+    names = [output.name for output in session.get_outputs()]
+    feed = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
+    return {name: torch.from_numpy(array) for name, array in zip(names, session.run(names, feed))}
+
+
+def compare_with_onnxruntime(
+    model, path: str | os.PathLike, shapes: Sequence[tuple[int, int]] | None = None, seed: int = 0
+) -> dict[str, float]:
+    """The largest absolute difference of each output between ONNX Runtime running the file ``path`` and PyTorch
+    running ``model`` (eval mode, no grad), over random batches of ``shapes`` (batch, length) padded on the right in
+    the first row and on the left in the last (:func:`example_inputs`). By default two shapes unlike the export
+    example: (3, max_sequence_length) and (1, a third of it)."""
+    model = load_for_export(model)
+    length = max_length(model)
+    shapes = shapes if shapes is not None else [(3, length), (1, max(1, length // 3))]
+    session = onnxruntime_session(path)
+    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    differences: dict[str, float] = {}
+    training = model.training
+    model.eval()
+    try:
+        for batch, size in shapes:
+            inputs = example_inputs(model, batch, size, generator)
+            with torch.no_grad():
+                expected = ExportedForward(model)(*(tensor.to(device) for tensor in inputs.values()))
+            outputs = run_onnxruntime(session, inputs)
+            for name, value in zip(output_names(model), expected):
+                difference = (outputs[name] - value.float().cpu()).abs().max().item()
+                differences[name] = max(differences.get(name, 0.0), difference)
+    finally:
+        model.train(training)
+    return differences
+
+
+__all__ = ["compare_with_onnxruntime", "export_onnx", "onnxruntime_session", "run_onnxruntime"]

@@ -1,0 +1,211 @@
+"""ONNX export (``orchid_hf.onnx``, ``scripts/export_onnx.py``): tiny models of both transforms exported with a dynamic
+batch and length, run by ONNX Runtime on padded batches (right and left) of other shapes than the export example and
+compared with PyTorch; the DCT and FFT as the graph's DFT operators; and the clear refusals (an optimised copy, a
+quantised model, another dtype, a missing extra)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchid_hf import (
+    OrchidForImageClassification,
+    OrchidForSequenceClassification,
+    OrchidModel,
+    OrchidOperator,
+    optimize_for_inference,
+)
+from orchid_hf.onnx import (
+    compare_with_onnxruntime,
+    example_inputs,
+    export_onnx,
+    onnxruntime_session,
+    run_onnxruntime,
+)
+from orchid_hf.runs import run_cli
+
+from .test_models import tiny_image_config, tiny_text_config
+
+MAX_LENGTH = 64
+# (batch, length): two batch sizes and two lengths, none the export example's (2, 16); the full length, where the FFT
+# model's short convolutions wrap around the circle; a single token.
+SHAPES = [(3, MAX_LENGTH), (4, 23), (1, 1)]
+ATOL = 1e-4
+# The onnx extra installs onnxruntime only where a version that runs these graphs (>= 1.27) has wheels.
+needs_onnxruntime = pytest.mark.skipif(sys.version_info < (3, 11), reason="onnxruntime >= 1.27 needs Python >= 3.11")
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "export_onnx.py"
+
+
+def text_config(transform: str):
+    return tiny_text_config(max_position_embeddings=MAX_LENGTH, transform=transform, num_labels=3)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("export_onnx_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each (transform, class) exported once: OrchidModel through ``export_onnx(model, path)``, the classifier saved
+    and exported by ``scripts/export_onnx.py FOLDER OUT.onnx --verify``; (model, path)."""
+    cache = {}
+
+    def get(transform: str, cls):
+        if (transform, cls) not in cache:
+            folder = tmp_path_factory.mktemp(f"{transform}_{cls.__name__}")
+            torch.manual_seed(0)
+            model = cls(text_config(transform)).eval()
+            path = folder / "model.onnx"
+            if cls is OrchidModel:
+                assert export_onnx(model, path) == path
+            else:
+                model.save_pretrained(folder / "saved")
+                assert load_script().main([str(folder / "saved"), str(path), "--verify"]) == str(path)
+            cache[transform, cls] = (model, path)
+        return cache[transform, cls]
+
+    return get
+
+
+@pytest.mark.slow
+@needs_onnxruntime
+@pytest.mark.parametrize("cls", [OrchidModel, OrchidForSequenceClassification])
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_onnx_runtime_gives_pytorchs_outputs_on_padded_batches_of_any_shape(exported, transform, cls):
+    model, path = exported(transform, cls)
+    differences = compare_with_onnxruntime(model, path, shapes=SHAPES)
+    print(f"ONNX Runtime against PyTorch, {transform}, {cls.__name__}: {differences}")  # pytest -s shows it
+    name = "last_hidden_state" if cls is OrchidModel else "logits"
+    assert set(differences) == {name}
+    assert differences[name] < ATOL, differences
+    # The inputs hold right and left padding; the padded positions' outputs are not compared to the unpadded
+    # batch here (test_models does that for PyTorch), but every position of both batches is.
+    inputs = example_inputs(model, 3, 30)
+    assert inputs["attention_mask"][0, -1] == 0 and inputs["attention_mask"][-1, 0] == 0
+    # Another model's weights give other outputs: the comparison can fail.
+    torch.manual_seed(1)
+    other = cls(text_config(transform)).eval()
+    assert compare_with_onnxruntime(other, path, shapes=SHAPES[:1])[name] > 100 * ATOL
+
+
+@pytest.mark.slow
+@needs_onnxruntime
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_the_graph_has_dynamic_batch_and_length_and_runs_its_transforms_as_dft(exported, transform, tmp_path):
+    import onnx
+    import onnxruntime
+
+    _, path = exported(transform, OrchidModel)
+    proto = onnx.load(str(path))
+
+    def dims(value):
+        return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+
+    assert {value.name: dims(value) for value in proto.graph.input} == {
+        "input_ids": ["batch", "length"],
+        "attention_mask": ["batch", "length"],
+        "token_type_ids": ["batch", "length"],
+    }
+    assert {value.name: dims(value) for value in proto.graph.output} == {"last_hidden_state": ["batch", "length", 32]}
+    # Per layer: the conditioning network's transform, a forward and an inverse transform for each of the two long
+    # convolutions, and the static filters' spectra, which depend on the weights only: ONNX Runtime folds those into
+    # constants when it loads the graph (onnxscript's optimizer leaves them, as their inputs are large).
+    assert [node.op_type for node in proto.graph.node].count("DFT") == 2 * (5 + 2)
+    loaded = tmp_path / "loaded.onnx"
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(loaded)
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    assert [node.op_type for node in onnx.load(str(loaded)).graph.node].count("DFT") == 2 * 5
+
+
+@pytest.mark.slow
+@needs_onnxruntime
+def test_an_image_classifier_exports_with_a_dynamic_batch(tmp_path):
+    torch.manual_seed(0)
+    model = OrchidForImageClassification(tiny_image_config(transform="fft")).eval()
+    path = export_onnx(model, tmp_path / "image.onnx", verify=True)
+    session = onnxruntime_session(path, threads=1)
+    assert [value.name for value in session.get_inputs()] == ["pixel_values"]
+    assert session.get_inputs()[0].shape == ["batch", 3, 16, 16]
+    differences = compare_with_onnxruntime(model, path, shapes=[(5, 0), (1, 0)])
+    assert differences["logits"] < ATOL
+    inputs = example_inputs(model, 3, 0)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    assert torch.allclose(run_onnxruntime(session, inputs)["logits"], expected, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# What is refused, and why
+# ---------------------------------------------------------------------------------------------
+
+
+def test_an_optimised_copy_is_refused_with_the_plain_model_to_export(tmp_path):
+    fast = optimize_for_inference(OrchidModel(text_config("dct")))
+    with pytest.raises(ValueError, match=r"made by optimize_for_inference.*export the plain model"):
+        export_onnx(fast, tmp_path / "fast.onnx")
+    assert not (tmp_path / "fast.onnx").exists()
+
+
+def test_other_dtypes_quantised_layers_and_other_models_are_refused_by_name(tmp_path):
+    model = OrchidModel(text_config("fft"))
+    with pytest.raises(ValueError, match=r"float32 models, got parameters in \['torch.float64'\]"):
+        export_onnx(model.double(), tmp_path / "model.onnx")
+    quantised = torch.ao.quantization.quantize_dynamic(OrchidModel(text_config("fft")), {torch.nn.Linear})
+    with pytest.raises(ValueError, match=r"module 'encoder.layer.0.mixer.in_proj' is a quantised .*onnxruntime"):
+        export_onnx(quantised, tmp_path / "model.onnx")
+    with pytest.raises(ValueError, match=r"exports Orchid models \(OrchidModel, .*\), got Linear"):
+        export_onnx(torch.nn.Linear(2, 2), tmp_path / "model.onnx")
+    with pytest.raises(ValueError, match=r"path must end in .onnx, got '.*model.pt'"):
+        export_onnx(OrchidModel(text_config("fft")), tmp_path / "model.pt")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("module", ["onnx", "onnxscript", "onnxruntime"])
+def test_a_missing_extra_names_the_install_command(tmp_path, monkeypatch, module):
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    message = rf'{module} is needed here but is not installed: pip install "orchid-hf\[onnx\]"'
+    if module == "onnxruntime":
+        with pytest.raises(ImportError, match=message):
+            onnxruntime_session(tmp_path / "model.onnx")
+    else:
+        with pytest.raises(ImportError, match=message):
+            export_onnx(OrchidModel(text_config("dct")), tmp_path / "model.onnx")
+
+
+def test_the_script_states_a_bad_argument_in_one_line(tmp_path, capsys):
+    script = load_script()
+    monkeypatch_argv = ["export_onnx.py", str(tmp_path / "missing"), str(tmp_path / "out.onnx")]
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stop:
+        patch.setattr(sys, "argv", monkeypatch_argv)
+        run_cli(script.main)
+    assert stop.value.code == 2  # neither a folder nor, offline, a Hub name
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: model {str(tmp_path / 'missing')!r} is not a local folder"), error
+    assert "Pass a folder written by save_pretrained." in error
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_the_operator_traces_one_graph_for_every_length_up_to_the_transform_length(transform):
+    # torch.export alone, without ONNX: the transforms pad by one op and the FFT's circular short convolutions select
+    # their wrap in the graph, so that no length is tied to one side of `length < max_len`.
+    torch.manual_seed(0)
+    op = OrchidOperator(8, 16, transform=transform, conditioning="xcorr").eval().requires_grad_(False)
+    example = torch.randn(2, 5, 8), torch.ones(2, 5, dtype=torch.int64)
+    length = torch.export.Dim("length", min=1, max=16)
+    batch = torch.export.Dim("batch", min=1)
+    with torch.enable_grad():
+        program = torch.export.export(op, example, dynamic_shapes=({0: batch, 1: length}, {0: batch, 1: length}),
+                                      strict=False)  # fmt: skip
+    for size in (16, 15, 7, 1):
+        x, mask = torch.randn(3, size, 8), torch.ones(3, size, dtype=torch.int64)
+        mask[0, size // 2 + 1 :] = 0
+        mask[2, : size // 3] = 0
+        with torch.no_grad():
+            expected = op(x, mask)
+        torch.testing.assert_close(program.module()(x, mask), expected, atol=1e-5, rtol=1e-5)
