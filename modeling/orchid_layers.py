@@ -245,27 +245,33 @@ class ImplicitFilter(DerivedBuffers):
         layers.append(nn.Linear(width, channels, bias=False))
         self.ffn = nn.Sequential(*layers)
         self.skip = nn.Parameter(torch.randn(channels))
-        self.register_buffer("lag_features", self.make_lag_features(), persistent=False)
-        self.register_buffer("envelope", self.make_envelope(), persistent=False)
+        for name, value in self.derived_buffers().items():
+            self.register_buffer(name, value, persistent=False)
 
     def derived_buffers(self) -> dict[str, torch.Tensor]:
-        return {"lag_features": self.make_lag_features(), "envelope": self.make_envelope()}
+        # The envelope is computed from its two factors when needed: as a buffer of (length, channels) it would take
+        # as much memory as an activation in every filter of every layer, all the time.
+        return {"lag_features": self.make_lag_features(), **self.make_decay_factors()}
 
     def make_lag_features(self) -> torch.Tensor:
         return lag_embedding(self.length, self.emb_dim, self.transform)
 
-    def make_envelope(self) -> torch.Tensor:
-        """``exp(-|t| * rate_c)``, (length, channels); |t| is the lag over the kernel length, so the decay profile
-        does not depend on max_len."""
+    def make_decay_factors(self) -> dict[str, torch.Tensor]:
+        """The factors of :meth:`envelope`: |t| over the kernel length, (length, 1), so that the decay profile does
+        not depend on max_len, and the rate of each channel, (channels,), all 0 without decay."""
+        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1) / max(self.length, 1)
         if not self.decay:
-            return torch.ones(self.length, self.channels, dtype=torch.float32, device="cpu")
+            return {"decay_lags": lags, "decay_rates": torch.zeros(self.channels, dtype=torch.float32, device="cpu")}
         rates = torch.linspace(*self.decay_rates, self.channels, dtype=torch.float32, device="cpu")
-        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1)
-        return torch.exp(-lags / max(self.length, 1) * rates)
+        return {"decay_lags": lags, "decay_rates": rates}
+
+    def envelope(self, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+        """``exp(-|t| * rate_c)`` for ``channels``, (length, channels), in float32."""
+        return torch.exp(-self.decay_lags * self.decay_rates[channels])
 
     def forward(self) -> torch.Tensor:
         """The kernel h0 in the time domain, (length, channels), in the filter's dtype."""
-        return self.lag_response() * self.envelope.to(self.skip.dtype)
+        return self.lag_response() * self.envelope().to(self.skip.dtype)
 
     def lag_response(self) -> torch.Tensor:
         """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN. Under autograd
@@ -281,7 +287,7 @@ class ImplicitFilter(DerivedBuffers):
         (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` of these channels, which the
         operator computes once for all its channel groups without autograd; None computes it here."""
         response = self.lag_response()[:, channels] if response is None else response
-        kernel = (response * self.envelope[:, channels].to(response.dtype)).to(dtype)
+        kernel = (response * self.envelope(channels).to(response.dtype)).to(dtype)
         if self.listing1:
             multiplier = dct(kernel, dim=0)
         else:

@@ -208,7 +208,7 @@ def test_listing1_filter_spectrum_is_the_dct_of_the_kernel_on_lags_0_to_n():
     kernel, skip = to_np(long_filter()), to_np(long_filter.skip)
     expected = scipy.fft.dct(kernel, axis=0, norm="ortho") + skip
     np.testing.assert_allclose(to_np(long_filter.spectrum(torch.float64)), expected, atol=1e-12)
-    assert torch.all(long_filter.envelope[1:] < long_filter.envelope[:-1])
+    assert torch.all(long_filter.envelope()[1:] < long_filter.envelope()[:-1])
     np.testing.assert_allclose(to_np(long_filter.lag_features[:, 0]), np.arange(16) / 16, atol=1e-7)
     # Under the FFT there is nothing to choose: both give the exact circular convolution.
     torch.manual_seed(0)
@@ -217,6 +217,23 @@ def test_listing1_filter_spectrum_is_the_dct_of_the_kernel_on_lags_0_to_n():
     fft_convolution = OrchidOperator(4, 12, transform="fft", filter_spectrum="convolution")
     x = torch.randn(2, 12, 4)
     torch.testing.assert_close(fft_listing1(x), fft_convolution(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("decay", [True, False])
+def test_the_envelope_is_computed_when_needed_and_no_buffer_is_as_large_as_the_kernel(transform, decay):
+    """exp(-|t| / N * rate_c), rates spaced from slow to fast across channels (ones without decay), computed from its
+    two factors: no buffer of (length, channels) is kept in every filter of every layer."""
+    length, channels = 40, 6
+    long_filter = ImplicitFilter(channels, length, transform, decay=decay)
+    lags = torch.arange(length, dtype=torch.float64)
+    if transform == "fft":
+        lags = torch.where(lags <= length // 2, lags, lags - length)
+    rates = torch.linspace(*long_filter.decay_rates, channels, dtype=torch.float64) if decay else torch.zeros(channels)
+    expected = torch.exp(-lags.abs()[:, None] / length * rates)
+    torch.testing.assert_close(long_filter.envelope().double(), expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(long_filter.envelope(slice(2, 4)), long_filter.envelope()[:, 2:4], rtol=0, atol=0)
+    assert all(buffer.numel() < length * channels for buffer in long_filter.buffers())
 
 
 @both_dct_backends
@@ -245,8 +262,8 @@ def test_dct_filter_lags_run_forward_and_decay():
     # again towards its end as the circular FFT layout does.
     dct_filter = ImplicitFilter(4, 64, "dct", spectrum="convolution")
     fft_filter = ImplicitFilter(4, 64, "fft")
-    assert torch.all(dct_filter.envelope[1:] < dct_filter.envelope[:-1])
-    assert fft_filter.envelope[-1, 0] > fft_filter.envelope[32, 0]
+    assert torch.all(dct_filter.envelope()[1:] < dct_filter.envelope()[:-1])
+    assert fft_filter.envelope()[-1, 0] > fft_filter.envelope()[32, 0]
 
 
 # ---------------------------------------------------------------------------------------------
