@@ -261,13 +261,13 @@ class ImplicitFilter(DerivedBuffers):
         not depend on max_len, and the rate of each channel, (channels,), all 0 without decay."""
         lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1) / max(self.length, 1)
         if not self.decay:
-            return {"decay_lags": lags, "decay_rates": torch.zeros(self.channels, dtype=torch.float32, device="cpu")}
+            return {"decay_lags": lags, "channel_rates": torch.zeros(self.channels, dtype=torch.float32, device="cpu")}
         rates = torch.linspace(*self.decay_rates, self.channels, dtype=torch.float32, device="cpu")
-        return {"decay_lags": lags, "decay_rates": rates}
+        return {"decay_lags": lags, "channel_rates": rates}
 
     def envelope(self, channels: slice = ALL_CHANNELS) -> torch.Tensor:
         """``exp(-|t| * rate_c)`` for ``channels``, (length, channels), in float32."""
-        return torch.exp(-self.decay_lags * self.decay_rates[channels])
+        return torch.exp(-self.decay_lags * self.channel_rates[channels])
 
     def forward(self) -> torch.Tensor:
         """The kernel h0 in the time domain, (length, channels), in the filter's dtype."""
