@@ -35,7 +35,6 @@ from .orchid_ops import (
     kernel_spectrum,
     long_convolution,
     masked,
-    recomputed_in_backward,
     scatter_rows,
     short_convolution,
 )
@@ -274,11 +273,9 @@ class ImplicitFilter(DerivedBuffers):
         return self.lag_response() * self.envelope().to(self.skip.dtype)
 
     def lag_response(self) -> torch.Tensor:
-        """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN. Under autograd
-        the FFN's inner activations, (length, width) each, are recomputed in backward instead of kept."""
+        """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN."""
         # The skip parameter tells the filter's dtype; the constant features follow it.
-        features = self.lag_features.to(self.skip.dtype)
-        return recomputed_in_backward(self.ffn, features, modules=(self.ffn,))
+        return self.ffn(self.lag_features.to(self.skip.dtype))
 
     def spectrum(
         self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS

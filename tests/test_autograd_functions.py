@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 import torch
-from orchid_hf.modeling import modeling_orchid, orchid_layers, orchid_ops
+from orchid_hf.modeling import modeling_orchid, orchid_ops
 from orchid_hf.modeling.modeling_orchid import OrchidMLP, masked_lm_loss
 from orchid_hf.modeling.orchid_layers import OrchidOperator
 from orchid_hf.modeling.orchid_ops import GatedActivation, gated_activation_ref
@@ -30,7 +30,6 @@ def written_out(monkeypatch):
 
     def write_out():
         monkeypatch.setattr(orchid_ops, "recomputed_in_backward", plain_call)
-        monkeypatch.setattr(orchid_layers, "recomputed_in_backward", plain_call)
         monkeypatch.setattr(modeling_orchid, "saved_as_recomputation", lambda *args, **kwargs: contextlib.nullcontext())
 
     return write_out
