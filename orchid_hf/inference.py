@@ -789,7 +789,8 @@ class InferenceEncoder(RefusesChanges, OrchidEncoder):
     the memory of the output of the layer before last, which nothing reads any more (never the encoder's own input,
     nor an output returned with ``output_hidden_states``)."""
 
-    def forward(self, hidden_states, attention_mask=None, output_hidden_states=False):
+    def forward(self, hidden_states, attention_mask=None, output_hidden_states=False, rows_packed=False):
+        # rows_packed (OrchidEncoder's) is not needed: each InferenceOperator finds packed rows itself at no cost.
         check_no_grad_input("hidden_states", hidden_states)
         with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
             all_hidden_states = (hidden_states,) if output_hidden_states else None
