@@ -1,6 +1,7 @@
-"""Profiles instead of timings (``--profile``, ``--profile-train``): where the time of a call goes, op by op, what the
-plain model's forward spends on its static implicit filters, and what a training step keeps for backward. Run in
-the benchmark's own process, one candidate after the other."""
+"""Profiles instead of timings (``--profile``, ``--profile-train``, ``--thread-scaling``, ``--flops``): where the
+time of a call goes, op by op, which ops gain least from a second thread, what the plain model's forward spends on its
+static implicit filters, how many FLOPs a training step counts, and what it keeps for backward. Run in the
+benchmark's own process, one candidate after the other."""
 
 from __future__ import annotations
 
@@ -69,6 +70,118 @@ def profile_train(impl: str, batch: int, length: int, settings: BenchmarkSetting
     title = (f"{CANDIDATES[impl].table_label('train_model')}, training step (forward + backward), {settings.layers} "
              f"layers, (B={batch}, L={length})")
     return profile_table(title, step, calls)
+
+
+def op_times(step: Callable[[], None], calls: int) -> tuple[dict[str, float], float]:
+    """Each op's self CPU time in ms per call over ``calls`` profiled calls of ``step`` (after a warm-up), and the
+    wall time in ms per call. An op's self time is its time on the thread that called it, so an op that parallelises
+    over more threads shows a shorter time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        wall = time.perf_counter() - start
+    return {e.key: e.self_cpu_time_total / 1e3 / calls for e in prof.key_averages()}, wall * 1e3 / calls
+
+
+def thread_scaling_table(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None,
+                         calls: int = 3, rows: int = 15) -> str:
+    """A Markdown table of the training step of the masked-LM candidate ``impl`` profiled at 1 thread and at
+    ``settings.threads``: each op's self time at both counts, its speed-up, and the time it keeps over a perfect
+    split across the threads (its time at N threads less its 1-thread time / N), the ops that keep most first."""
+    torch.manual_seed(0)
+    spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
+    step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)
+    n = settings.threads
+    try:
+        torch.set_num_threads(1)
+        one, wall_one = op_times(step, calls)
+        torch.set_num_threads(n)
+        many, wall_many = op_times(step, calls)
+    finally:
+        torch.set_num_threads(n)
+    kept = {op: many.get(op, 0.0) - one[op] / n for op in one}
+    title = (f"{CANDIDATES[impl].table_label('train_model')}, training step (forward + backward), {settings.layers} "
+             f"layers, (B={batch}, L={length}): {wall_one:,.1f} ms at 1 thread, {wall_many:,.1f} ms at {n} "
+             f"({wall_one / wall_many:.2f}x)")
+    lines = [f"### {title}", "",
+             f"| op | ms at 1 thread | ms at {n} | speed-up | ms over a perfect split | share of the {n}-thread step |",
+             "|---|---|---|---|---|---|"]
+    total_many = sum(many.values())
+    for op in sorted(kept, key=kept.get, reverse=True)[:rows]:
+        speed_up = f"{one[op] / many[op]:.2f}x" if many.get(op) else "-"
+        lines.append(f"| {op} | {one[op]:,.2f} | {many.get(op, 0.0):,.2f} | {speed_up} | {kept[op]:,.2f} | "
+                     f"{100 * many.get(op, 0.0) / max(total_many, 1e-9):.1f}% |")
+    return "\n".join(lines + [""])
+
+
+def convolution_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                               _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """The FLOPs of a convolution's backward: each gradient asked for (input, weight) is a product as large as the
+    forward's. ``FlopCounterMode``'s own formula counts grouped (depthwise) convolutions as if they were dense."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
+def cpu_flash_attention_flops(query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    """SDPA's CPU flash kernel, forward: the scores and the weighted sum (``FlopCounterMode`` counts SDPA's GPU kernels
+    only)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(list(query_shape), list(key_shape), list(value_shape))
+
+
+def cpu_flash_attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, **kwargs) -> int:
+    """SDPA's CPU flash kernel, backward, as ``FlopCounterMode`` counts the GPU flash kernel's backward."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(list(grad_out_shape), list(query_shape), list(key_shape), list(value_shape))
+
+
+# What FlopCounterMode misses or miscounts in these models' training steps.
+FLOP_FORMULAS = {
+    torch.ops.aten.convolution_backward: convolution_backward_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_flash_attention_backward_flops,
+}
+
+
+def training_step_flops(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None) -> int:
+    """The floating-point operations of one training step (forward + backward of the MLM loss) of the masked-LM
+    candidate ``impl``, as ``torch.utils.flop_counter.FlopCounterMode`` counts them with :data:`FLOP_FORMULAS`: matrix
+    products, convolutions and attention, including what backward recomputes; not transforms or elementwise ops."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
+    step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)
+    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def flops_table(shapes: list[tuple[int, int]], settings: BenchmarkSettings, reference=None) -> str:
+    """A Markdown table of each masked-LM candidate's training-step GFLOPs at ``shapes`` and the baseline's count over
+    each Orchid candidate's: the speed-up a step would have if every counted operation ran at the same rate and the
+    rest cost nothing."""
+    names = candidates_in("train_model", settings=settings)
+    baseline = next(name for name in names if CANDIDATES[name].baseline)
+    others = [name for name in names if name != baseline]
+    label = CANDIDATES[baseline].table_label("train_model")
+    lines = [f"### Training-step GFLOPs (matrix products, convolutions, attention), {settings.layers} layers", "",
+             "| (B, L) | " + " | ".join(CANDIDATES[n].table_label("train_model") for n in names) + " | "
+             + " | ".join(f"{label} / {CANDIDATES[n].table_label('train_model')}" for n in others) + " |",
+             "|---|" + "---|" * (len(names) + len(others))]
+    for batch, length in shapes:
+        counts = {name: training_step_flops(name, batch, length, settings, reference) for name in names}
+        lines.append(f"| ({batch}, {length}) | " + " | ".join(f"{counts[n] / 1e9:,.1f}" for n in names) + " | "
+                     + " | ".join(f"{counts[baseline] / counts[n]:.2f}x" for n in others) + " |")
+    return "\n".join(lines + [""])
 
 
 def median_seconds(step: Callable[[], None], calls: int) -> float:
@@ -180,6 +293,13 @@ def profile_tables(settings: BenchmarkSettings, log: Callable[[str], None], show
         for name in masked_lms:
             add(profile_train(name, batch, length, settings, reference),
                 f"profiled the training step of {name} at (B={batch}, L={length})", printed=True)
+    for batch, length in settings.thread_scaling_shapes:
+        for name in candidates_in("train_model", settings=settings):
+            add(thread_scaling_table(name, batch, length, settings, reference),
+                f"profiled the training step of {name} at 1 and {settings.threads} threads at (B={batch}, L={length})",
+                printed=True)
+    if settings.flop_shapes:
+        add(flops_table(settings.flop_shapes, settings, reference), "counted the training step's FLOPs", printed=True)
     activation_shapes = settings.activation_shapes or settings.profile_train_shapes
     if activation_shapes:
         add(saved_activations_table(activation_shapes, settings, reference),

@@ -43,6 +43,8 @@ class BenchmarkSettings:
     profile_shapes: list[tuple[int, int]] = field(default_factory=list)
     profile_train_shapes: list[tuple[int, int]] = field(default_factory=list)
     activation_shapes: list[tuple[int, int]] = field(default_factory=list)
+    thread_scaling_shapes: list[tuple[int, int]] = field(default_factory=list)
+    flop_shapes: list[tuple[int, int]] = field(default_factory=list)
     repeats: int = 7
     min_repeats: int = 3
     point_budget_s: float = 60.0
@@ -69,6 +71,9 @@ class BenchmarkSettings:
         for name in ("point_budget_s", "max_call_s"):
             if getattr(args, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(args, name)}")
+        if args.thread_scaling and args.threads < 2:
+            raise ValueError(f"thread_scaling compares 1 thread with --threads, which must be at least 2, got "
+                             f"{args.threads}")
         lengths = parse_lengths(args.lengths) if args.lengths else list(QUICK_LENGTHS if quick else LENGTHS)
         default_shapes = QUICK_SHAPES if quick else None
         return cls(
@@ -86,6 +91,9 @@ class BenchmarkSettings:
             profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
             profile_train_shapes=parse_shapes(args.profile_train, "profile_train") if args.profile_train else [],
             activation_shapes=parse_shapes(args.activations, "activations") if args.activations else [],
+            thread_scaling_shapes=(parse_shapes(args.thread_scaling, "thread_scaling") if args.thread_scaling
+                                   else []),
+            flop_shapes=parse_shapes(args.flops, "flops") if args.flops else [],
             repeats=args.repeats if args.repeats else (2 if quick else 7),
             min_repeats=2 if quick else 3,
             point_budget_s=args.point_budget_s,

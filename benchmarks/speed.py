@@ -67,11 +67,12 @@ def run(args: argparse.Namespace) -> dict:
         (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
         (out_dir / f"{stem}.md").write_text(markdown_report(result, settings))
 
-    if settings.profile_shapes or settings.profile_train_shapes or settings.activation_shapes:
+    profiled = settings.profile_shapes or settings.profile_train_shapes or settings.thread_scaling_shapes
+    if profiled or settings.activation_shapes or settings.flop_shapes:
         tables = profile_tables(settings, log, show=not args.silent)
         header = (f"# Profiles ({args.tag or 'untagged'})\n\nCommand: `{result['command']}`; "
                   f"{settings.threads} thread(s), load average {load_average()}."
-                  + (" Self CPU time of each op." if settings.profile_shapes or settings.profile_train_shapes else "")
+                  + (" Self CPU time of each op." if profiled else "")
                   + "\n\n")
         (out_dir / f"profile{('_' + args.tag) if args.tag else ''}.md").write_text(header + tables)
         return result
@@ -150,6 +151,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="instead of timing, count the activations one layer keeps for backward (OrchidForMaskedLM,"
                              " the reference, BertForMaskedLM) at shapes like 8x128,1x4096, in MiB and in units of "
                              "one (B, L, hidden) tensor; written to profile_TAG.md (with the profiles if given)")
+    parser.add_argument("--thread-scaling", default=None, metavar="SHAPES",
+                        help="instead of timing, profile the training step of every masked-LM candidate (BERT's too) "
+                             "at 1 thread and at --threads (at least 2) at shapes like 8x128,1x4096: each op's self "
+                             "CPU time at both counts, the ops that gain least from the extra threads first; written "
+                             "to profile_TAG.md")
+    parser.add_argument("--flops", default=None, metavar="SHAPES",
+                        help="instead of timing, count the FLOPs (matrix products, convolutions, attention) of the "
+                             "training step of every masked-LM candidate at shapes like 8x128,1x4096; written to "
+                             "profile_TAG.md")
     parser.add_argument("--rss", action="store_true", help="also measure each call's peak RSS growth")
     parser.add_argument("--out-dir", default="outputs/bench",
                         help="where benchmark_TAG.json, .md, .log and .png (or profile_TAG.md) are written")

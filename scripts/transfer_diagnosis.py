@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["prepare", "pretrain", "probe", "operator", "finetune", "bow", "table"])
     parser.add_argument("models", nargs="*")
-    parser.add_argument("--data_dir", default=str(ROOT.parent.parent / "shared/data/austen"))
-    parser.add_argument("--vocab_dir", default=str(ROOT.parent.parent / "shared/data/bert-base-uncased"))
+    # ../shared/data beside the checkout, as scripts/real_data.sh reads it.
+    parser.add_argument("--data_dir", default=str(ROOT.parent / "shared/data/austen"))
+    parser.add_argument("--vocab_dir", default=str(ROOT.parent / "shared/data/bert-base-uncased"))
     parser.add_argument("--work_dir", default=str(ROOT / "outputs/transfer"))
     parser.add_argument("--results_dir", default=str(ROOT / "docs/results/transfer"))
     parser.add_argument("--epochs", type=int, nargs="+", default=[1])

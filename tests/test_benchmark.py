@@ -254,6 +254,9 @@ def test_model_speedups_are_the_baselines_time_over_each_candidates_and_no_targe
         (["--train-shapes", "0x16"], "train_shapes must be"),
         (["--parts", "train", "--train-shapes", "8,128"], "train_shapes must be"),
         (["--profile-train", "2x16x1"], "profile_train must be comma-separated BxL"),
+        (["--thread-scaling", "2x16"],
+         "thread_scaling compares 1 thread with --threads, which must be at least 2, got 1"),
+        (["--thread-scaling", "2x", "--threads", "2"], "thread_scaling must be comma-separated BxL"),
         (["--repeats", "0"], "repeats must be at least 1, got 0"),
         (["--threads", "0"], "threads must be at least 1, got 0"),
         (["--max-call-s", "0"], "max_call_s must be positive, got 0.0"),
@@ -454,6 +457,48 @@ def test_profile_train_writes_a_table_of_the_training_steps_top_ops(tmp_path, ca
     assert not (tmp_path / "benchmark_t.json").exists()
 
 
+def test_flops_counts_the_matrix_products_of_both_training_steps(tmp_path):
+    import orchid_hf
+
+    speed.main(["--quick", "--flops", "2x16", "--layers", "1", "--out-dir", str(tmp_path), "--tag", "f", "--silent"])
+    table = (tmp_path / "profile_f.md").read_text().split("### Training-step GFLOPs")[1]
+    header, row = [line for line in table.splitlines() if line.startswith("| (")]
+    assert header.startswith("| (B, L) | OrchidForMaskedLM | BertForMaskedLM (SDPA) | ")
+    settings = quick_settings("--layers", "1")
+    orchid = profiles.training_step_flops("orchid", 2, 16, settings)
+    bert = profiles.training_step_flops("bert", 2, 16, settings)
+    assert row.rstrip(" |").endswith(f" | {bert / orchid:.2f}x")
+    # Both steps hold the MLM head's decoder over every position: its forward (2 * tokens * hidden * vocab) and the
+    # two products of its backward, and more besides.
+    config = candidates.orchid_config(orchid_hf, settings.quick, 16, settings.layers)
+    head_forward = 2 * 2 * 16 * config.hidden_size * config.vocab_size
+    assert orchid > 3 * head_forward and bert > 3 * head_forward
+
+
+@pytest.mark.slow
+def test_thread_scaling_profiles_both_masked_lms_at_one_thread_and_at_threads(tmp_path):
+    try:
+        result = speed.main(["--quick", "--thread-scaling", "2x16", "--threads", "2", "--out-dir", str(tmp_path),
+                             "--tag", "t", "--silent"])
+        assert torch.get_num_threads() == 2  # the run's own count, restored after the 1-thread profile
+    finally:
+        torch.set_num_threads(1)
+    assert result["records"] == []
+    profile = (tmp_path / "profile_t.md").read_text()
+    for label in ("OrchidForMaskedLM", "BertForMaskedLM"):
+        assert f"### {label}" in profile and "ms at 1 thread, " in profile
+    tables = profile.split("### ")[1:]
+    assert len(tables) == 2
+    for table in tables:
+        rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+        assert len(rows) == 15
+        kept = [float(row[4].replace(",", "")) for row in rows]
+        assert kept == sorted(kept, reverse=True)  # the ops that keep most over a perfect split first
+        for row in rows:
+            one, two = float(row[1].replace(",", "")), float(row[2].replace(",", ""))
+            assert float(row[4].replace(",", "")) == pytest.approx(two - one / 2, abs=0.011)
+
+
 def test_saved_bytes_per_layer_counts_what_one_layer_saves_for_backward():
     """The two-layer-minus-one-layer count equals a direct count of what one OrchidLayer's forward keeps alive."""
     per_layer = profiles.saved_bytes_per_layer("orchid", 2, 16, quick_settings())
@@ -545,3 +590,67 @@ def test_long_step_runs_one_training_step_and_writes_what_it_measured(tmp_path, 
     assert json.loads((tmp_path / name).read_text()) == json.loads(json.dumps(result))
     assert result["length"] == 64 and result["checkpointing"] is checkpointing and result["seconds"] > 0
     assert math.isfinite(result["loss"]) and result["rss_peak_bytes"] >= 0 and result["parameters"] > 10**7
+
+
+def test_pretraining_throughput_counts_the_steps_after_the_warm_up():
+    from benchmarks.pretraining import throughput
+
+    history = [{"loss": 9.0, "step": s, "train_seconds": 0.5 * s + (3.0 if s > 1 else 0.0)} for s in range(1, 7)]
+    history.append({"train_runtime": 9.9, "step": 6})  # Trainer's summary entry carries no per-step clock
+    result = throughput(history, warmup_steps=2, tokens_per_step=1024)
+    assert result["steps"] == 4 and result["seconds"] == pytest.approx(2.0)
+    assert result["tokens_per_second"] == pytest.approx(4 * 1024 / 2.0)
+    with pytest.raises(ValueError, match="needs step 6"):
+        throughput(history, warmup_steps=6, tokens_per_step=1024)
+
+
+@pytest.mark.slow
+def test_pretraining_throughput_runs_both_models_through_the_recipe(tmp_path):
+    from benchmarks import pretraining
+    from experiments.synthetic_text import make_corpus
+
+    (tmp_path / "train.txt").write_text("\n".join(make_corpus(80, seed=0)) + "\n")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted({w for t in make_corpus(80, seed=0)
+                                                                   for w in t.lower().split()})]
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    argv = ["--train_file", str(tmp_path / "train.txt"), "--tokenizer_name", str(tmp_path / "vocab"), "--layers", "1",
+            "--max_seq_length", "32", "--batch_size", "2", "--steps", "3", "--out-dir", str(tmp_path / "out")]
+    result = pretraining.main(argv)
+    written = json.loads((tmp_path / "out" / "pretraining_throughput_2x32_threads1.json").read_text())
+    assert written == json.loads(json.dumps(result))
+    for model in ("orchid", "bert"):
+        run = result["runs"][model]
+        assert run["steps"] == 3 and run["tokens_per_second"] > 0 and 0 < run["final_loss"] < 100
+    assert result["runs"]["orchid"]["num_parameters"] != result["runs"]["bert"]["num_parameters"]
+    assert result["orchid_over_bert"] == pytest.approx(
+        result["runs"]["orchid"]["tokens_per_second"] / result["runs"]["bert"]["tokens_per_second"])
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_convolution_backward_flops_are_twice_the_forwards_for_dense_and_depthwise_convolutions(groups):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    conv = torch.nn.Conv1d(8, 8, 3, padding=2, groups=groups)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    mapping = {torch.ops.aten.convolution_backward: profiles.convolution_backward_flops}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        out = conv(x)
+        forward = counter.get_total_flops()
+        out.sum().backward()
+    assert forward == 2 * 2 * 8 * (8 // groups) * 3 * 18  # multiply-adds of every output position, times 2
+    assert counter.get_total_flops() == 3 * forward  # the input's and the weight's gradients
+
+
+def test_sdpa_on_the_cpu_is_counted_as_its_gpu_kernels_are():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = (torch.randn(2, 3, 16, 8, requires_grad=True) for _ in range(3))
+    with FlopCounterMode(display=False, custom_mapping=profiles.FLOP_FORMULAS) as counter:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        forward = counter.get_total_flops()
+        out.sum().backward()
+    assert forward == 2 * (2 * 2 * 3 * 16 * 16 * 8)  # q k^T and the weighted sum of v
+    # Backward: the scores recomputed, the gradients of v, of the scores, of q and of k: five products of the size of
+    # each of the forward's two.
+    assert counter.get_total_flops() == forward + 5 * forward // 2
