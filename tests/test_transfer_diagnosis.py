@@ -2,6 +2,8 @@
 measure, linear probes, per-layer features and norms, Orchid's operator measurements, the chapter split, masking and
 a fine-tuning step."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -152,3 +154,20 @@ def test_finetuning_learns_a_separable_task_and_records_gradients_per_layer():
     assert set(log["first_step_gradient_norms"]) == {"embeddings", "layer.0", "layer.1", "head"}
     assert all(len(norms) == 2 for norms in log["first_step_gradient_norms"].values())
     assert parameter_group("encoder_model.encoder.layer.1.mixer.in_proj.weight") == "layer.1"
+
+
+def test_the_finetuning_table_gives_the_seeds_mean_of_each_setting_run_with_several(tmp_path):
+    from experiments.transfer import report
+
+    def write(model, seed, validation, test, lr=1e-3):
+        run = {"model": model, "pooling": "mean", "pooler_init": "random", "epochs": 3, "lr": lr, "seed": seed,
+               "final": {"validation": validation, "test": test}, "train_seconds": 60.0,
+               "first_step_gradient_norms": {"embeddings": [0.1], "layer0": [0.2], "head": [0.3]}}
+        (tmp_path / f"finetune-{model}-{seed}-{lr:g}.json").write_text(json.dumps(run))
+
+    write("orchid-pt600-s0", 0, 0.40, 0.44)
+    write("orchid-pt600-s0", 1, 0.50, 0.48)
+    write("orchid-pt600-s0", 0, 0.30, 0.30, lr=2e-4)  # one seed only: no mean row
+    rows = report.finetune_table(tmp_path)
+    header = "| model | pooling | pooler init | epochs | lr | seeds | mean validation % | mean test % |"
+    assert rows[rows.index(header) + 2:] == ["| orchid-pt600-s0 | mean | random | 3 | 0.001 | 0, 1 | 45.0 | 46.0 |"]

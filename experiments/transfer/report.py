@@ -104,7 +104,27 @@ def finetune_table(results: Path) -> list[str]:
         for (model, pooling, init), run in best.items():
             rows.append(f"| {model} | {pooling} | {init} | {run['epochs']} epochs, lr {run['lr']:g} | "
                         f"{_pct(run['final']['validation'])} | {_pct(run['final']['test'])} |")
-    return rows
+    return rows + seed_means(runs)
+
+
+def seed_means(runs: list[dict]) -> list[str]:
+    """Each setting fine-tuned with more than one seed: the seeds' mean accuracy on validation and on test."""
+    settings: dict[tuple, list[dict]] = {}
+    for run in runs:
+        key = (run["model"], run["pooling"], run["pooler_init"], run["epochs"], run["lr"])
+        settings.setdefault(key, []).append(run)
+    rows = [(key, group) for key, group in settings.items() if len(group) > 1]
+    if not rows:
+        return []
+    lines = ["", "| model | pooling | pooler init | epochs | lr | seeds | mean validation % | mean test % |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (model, pooling, init, epochs, lr), group in rows:
+        seeds = ", ".join(str(r["seed"]) for r in sorted(group, key=lambda r: r["seed"]))
+        validation = sum(r["final"]["validation"] for r in group) / len(group)
+        test = sum(r["final"]["test"] for r in group) / len(group)
+        lines.append(f"| {model} | {pooling} | {init} | {epochs} | {lr:g} | {seeds} | {_pct(validation)} | "
+                     f"{_pct(test)} |")
+    return lines
 
 
 def table(results: Path) -> str:
