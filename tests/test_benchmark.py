@@ -569,8 +569,8 @@ def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
     assert set(config) == {
         "quick", "parts", "hidden", "heads", "lengths", "modes", "model_modes", "operator_impls", "model_impls",
         "model_shapes", "train_shapes", "train_checkpointing", "layers", "profile_shapes", "profile_train_shapes",
-        "activation_shapes", "repeats", "min_repeats", "point_budget_s", "max_call_s", "threads", "rss", "device",
-        "dtype", "reference", "exponent_range", "memory_length",
+        "activation_shapes", "thread_scaling_shapes", "flop_shapes", "repeats", "min_repeats", "point_budget_s",
+        "max_call_s", "threads", "rss", "device", "dtype", "reference", "exponent_range", "memory_length",
     }
     assert config["operator_impls"] == ["orchid", "orchid_optimized", "attention_sdpa", "attention_math"]
     assert config["model_impls"] == ["orchid", "orchid_optimized", "orchid_onnxruntime", "bert"]
