@@ -60,13 +60,19 @@ def profile_operator(impl: str, batch: int, length: int, settings: BenchmarkSett
     return profile_table(f"{CANDIDATES[impl].label}, (B={batch}, L={length})", step, calls)
 
 
-def profile_train(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None,
-                  calls: int = 3) -> str:
-    """The profile table of ``calls`` training steps (forward + backward of the MLM loss, as the train part times them;
-    not the optimizer) of the masked-LM candidate ``impl``."""
+def training_step(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None):
+    """One training step (forward + backward of the MLM loss, as the train part times them; not the optimizer) of the
+    masked-LM candidate ``impl`` at (batch, length), built with seed 0."""
     torch.manual_seed(0)
     spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
     step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)
+    return step
+
+
+def profile_train(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None,
+                  calls: int = 3) -> str:
+    """The profile table of ``calls`` training steps (:func:`training_step`) of the masked-LM candidate ``impl``."""
+    step = training_step(impl, batch, length, settings, reference)
     title = (f"{CANDIDATES[impl].table_label('train_model')}, training step (forward + backward), {settings.layers} "
              f"layers, (B={batch}, L={length})")
     return profile_table(title, step, calls)
@@ -92,9 +98,7 @@ def thread_scaling_table(impl: str, batch: int, length: int, settings: Benchmark
     """A Markdown table of the training step of the masked-LM candidate ``impl`` profiled at 1 thread and at
     ``settings.threads``: each op's self time at both counts, its speed-up, and the time it keeps over a perfect
     split across the threads (its time at N threads less its 1-thread time / N), the ops that keep most first."""
-    torch.manual_seed(0)
-    spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
-    step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)
+    step = training_step(impl, batch, length, settings, reference)
     n = settings.threads
     try:
         torch.set_num_threads(1)
@@ -157,9 +161,7 @@ def training_step_flops(impl: str, batch: int, length: int, settings: BenchmarkS
     products, convolutions and attention, including what backward recomputes; not transforms or elementwise ops."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    torch.manual_seed(0)
-    spec = dict(impl=impl, level="model", batch=batch, length=length, quick=settings.quick, layers=settings.layers)
-    step, _ = build_steps(dict(spec, part="train"), reference, settings.device, settings.dtype)
+    step = training_step(impl, batch, length, settings, reference)
     with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         step()
     return counter.get_total_flops()
