@@ -13,12 +13,16 @@
 #   bash scripts/real_data.sh run grid                 # both architectures, pretrained and from scratch, on attribution
 #                                                      # 128 and 512 and the pairs: the learning rate chosen on the
 #                                                      # validation chapters, then 3 seeds at it on the test chapters
+#   bash scripts/real_data.sh run text-floor           # the grid's tasks by logistic regression on token frequencies
 #   bash scripts/real_data.sh report                   # docs/results/real_data.md, its JSON and plots, from the runs
 #
 # `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
-# thread, so the two cores are shared alike by the models compared; the `grid` stage's seeds wait, in a second queue,
-# for its grid to finish. DATA is the folder of ../shared/data's layout (austen/, bert-base-uncased/,
-# fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands.
+# thread, so the two cores are shared alike by the models compared; the `grid` stage then goes task by task, each
+# task's seeds in a second queue after its grid points. A job whose output folder already holds results.json (a
+# finished run) is skipped, so a stopped `run` picks up where it was: delete a run's folder to run it again. NICE
+# (default 0) is the niceness of every job. DATA is the folder of ../shared/data's layout (austen/,
+# bert-base-uncased/, fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands in the order
+# `run` runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -26,6 +30,7 @@ OUT=${OUT:-outputs/real_data}
 JOBS=${JOBS:-2}
 THREADS=${THREADS:-1}
 PY=${PY:-.venv/bin/python}
+NICE=${NICE:-0}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 
@@ -38,8 +43,16 @@ ORCHID_IMAGE=image_size=28,num_channels=1,patch_size=4,hidden_size=128,num_hidde
 VIT_IMAGE=$ORCHID_IMAGE,num_attention_heads=4
 FASHION_CLASSES=("T-shirt/top" Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag "Ankle boot")
 
-# Runs the commands read from stdin, one per line, JOBS at a time; each one's output goes to the log it names last.
-run_all() { xargs -P "$JOBS" -I{} -d '\n' bash -c '{}'; }
+# Runs the commands read from stdin, one per line, JOBS at a time, at niceness NICE; each one's output goes to the
+# log it names last. A command whose --output_dir holds results.json is skipped.
+run_all() {
+    local line
+    while IFS= read -r line; do
+        [ -n "$line" ] || continue
+        [[ "$line" =~ --output_dir\ ([^ ]+) ]] && [ -f "${BASH_REMATCH[1]}/results.json" ] && continue
+        echo "$line"
+    done | nice -n "$NICE" xargs -r -P "$JOBS" -I{} -d '\n' bash -c '{}'
+}
 
 MLM="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/validation.txt \
 --tokenizer_name $OUT/austen/tokenizer --max_seq_length 128 --per_device_train_batch_size 32 \
@@ -79,9 +92,10 @@ GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
 GRID_EPOCHS=3
 GRID_SEEDS="0 1 2"
 
-# The commands of STAGE in PHASE (1, or 2 for the grid's seeds): `jobs STAGE PHASE`.
+# The commands of STAGE in PHASE (1, or 2 for the grid's seeds), for the grid only those of TASKS (default
+# GRID_TASKS): `jobs STAGE PHASE [TASKS]`.
 jobs() {
-    local phase=${2:-1}
+    local phase=${2:-1} tasks=${3:-$GRID_TASKS}
     case "$1" in
     pretrain)
         echo "$PY scripts/pretrain_mlm.py $MLM --config_overrides $ORCHID_TEXT --output_dir $OUT/pretrain-orchid \
@@ -139,7 +153,7 @@ jobs() {
     grid)
         # The grid points (phase 1), then the chosen point's seeds (phase 2), whose learning rate is read from the
         # grid's results when the job starts.
-        for task in $GRID_TASKS; do
+        for task in $tasks; do
             for init in pretrained scratch; do
                 for arch in orchid bert; do
                     local group=grid-$task-$arch-$init model
@@ -162,6 +176,13 @@ jobs() {
             done
         done
         ;;
+    text-floor)
+        # The floor of the grid's tasks: C chosen on the validation chapters, scored on the test chapters.
+        for task in $GRID_TASKS; do
+            echo "OMP_NUM_THREADS=$THREADS $PY scripts/text_baseline.py --task_dir $OUT/austen/$task \
+--tokenizer_name $OUT/austen/tokenizer --output_dir $OUT/floor-$task > $OUT/floor-$task.log 2>&1"
+        done
+        ;;
     images)
         local common="--train_dir $DATA/fashion-mnist --class_names ${FASHION_CLASSES[*]@Q} \
 --recipe orchid-vit-digits --num_train_epochs 5 --warmup_epochs 1 --crop_padding 2 --hflip True \
@@ -178,16 +199,23 @@ jobs() {
     esac
 }
 
-STAGES=" pretrain bert-lr attribution attribution-variants pairs grid images "
-# The jobs of STAGES in phase PHASE: the grid's seeds are phase 2, every other job phase 1.
-phase_jobs() {
-    local phase=$1 stage
-    shift
+STAGES=" pretrain bert-lr attribution attribution-variants pairs grid text-floor images "
+# The queues of the STAGES given, in order, each as its commands followed by an empty line: the stages other than
+# the grid in one queue, then for each task of the grid its points, then its seeds.
+queues() {
+    local stage task phase grid=no
     for stage in "$@"; do
-        if [ "$phase" = 1 ] || [ "$stage" = grid ]; then
-            jobs "$stage" "$phase"
-        fi
+        if [ "$stage" = grid ]; then grid=yes; else jobs "$stage"; fi
     done
+    echo
+    if [ $grid = yes ]; then
+        for task in $GRID_TASKS; do
+            for phase in 1 2; do
+                jobs grid $phase "$task"
+                echo
+            done
+        done
+    fi
 }
 
 case "${1:-}" in
@@ -202,11 +230,16 @@ jobs | run)
     for stage in "$@"; do
         [[ "$STAGES" == *" $stage "* ]] || { echo "unknown stage '$stage'; the stages are$STAGES" >&2; exit 2; }
     done
-    for phase in 1 2; do
-        commands=$(phase_jobs $phase "$@")
-        [ -n "$commands" ] || continue
-        if [ "$command" = jobs ]; then echo "$commands"; else echo "$commands" | run_all; fi
-    done
+    if [ "$command" = jobs ]; then
+        queues "$@" | grep -v '^$' || true
+    else
+        queue=""
+        while IFS= read -r line; do
+            if [ -n "$line" ]; then queue+="$line"$'\n'; continue; fi
+            [ -z "$queue" ] || printf '%s' "$queue" | run_all
+            queue=""
+        done < <(queues "$@")
+    fi
     ;;
 report)
     $PY scripts/real_data_report.py --runs "$OUT" --threads-per-run "$THREADS" --jobs "$JOBS"

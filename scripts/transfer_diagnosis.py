@@ -7,6 +7,7 @@ docs/results/real_data.md on small models (experiments/transfer/), one thread.
     python scripts/transfer_diagnosis.py operator orchid-random-s0 orchid-pt300-s0
     python scripts/transfer_diagnosis.py finetune orchid-pt300-s0 --epochs 1 3 --lr 5e-5 2e-4 --pooling first mean
     python scripts/transfer_diagnosis.py table
+    python scripts/transfer_diagnosis.py filters outputs/real_data/pretrain-orchid   # saved Orchid models' filters
 
 Model names: ARCH-random-sSEED or ARCH-ptSTEPS[-dropoutP][-prenorm]-sSEED (masked-LM pretraining on the non-test
 chapters, cached under --work_dir). Results: one JSON per run in docs/results/transfer/.
@@ -31,7 +32,8 @@ from experiments.transfer import diagnose, report  # noqa: E402
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["prepare", "pretrain", "probe", "operator", "finetune", "bow", "table"])
+    commands = ["prepare", "pretrain", "probe", "operator", "finetune", "bow", "table", "filters"]
+    parser.add_argument("command", choices=commands)
     parser.add_argument("models", nargs="*")
     # ../shared/data beside the checkout, as scripts/real_data.sh reads it.
     parser.add_argument("--data_dir", default=str(ROOT.parent / "shared/data/austen"))
@@ -47,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     if args.command == "table":
         print(report.table(Path(args.results_dir)))
+        return
+    if args.command == "filters":
+        print(diagnose.filter_table(args.models))
         return
     ws = diagnose.Workspace(args.data_dir, args.vocab_dir, args.work_dir, args.results_dir)
     if args.command == "bow":

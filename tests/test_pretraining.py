@@ -153,7 +153,7 @@ def test_tiny_pretraining_end_to_end_with_push(corpus, tmp_path, monkeypatch):
     assert expected <= set(all_results)
     optimizer = results["optimizer"]
     assert optimizer["weight decay"] == "1e-05 decoupled (torch AdamW weight_decay=0.01)"
-    assert optimizer["implicit filters"] == "lr 0.001, weight decay 0.1 decoupled (torch AdamW weight_decay=100)"
+    assert optimizer["implicit filters"] == "lr 0.001, weight decay 0 decoupled (torch AdamW weight_decay=0)"
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [e["step"] for e in history if "eval_masked_accuracy" in e] == [3, 6]
     # Every entry of the run (losses and evaluations) says how long training had run, for curves against time.

@@ -115,6 +115,9 @@ def runs(tmp_path_factory):
     train_image([*image_args, "--model_type", "vit", "--config_overrides", vit, "--output_dir", vit_folder])
     load_script("image_baseline").main(["--train_dir", str(images), "--output_dir", str(out / "fashion-logreg"),
                                         "--class_names", "left", "middle", "right", "--max_iter", "20"])  # fmt: skip
+    for task in ("attribution-16", "pairs-16"):
+        load_script("text_baseline").main(["--task_dir", str(data / task), "--tokenizer_name", str(data / "tokenizer"),
+                                           "--output_dir", str(out / f"floor-{task}")])  # fmt: skip
     (out / "attribution-16-orchid-scratch-s0").mkdir()  # unfinished: no results.json, not collected
     return out
 
@@ -134,13 +137,14 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
         "attribution-16-bert-pretrained-s0", "attribution-16-bert-scratch-s0",
         "attribution-16-orchid-pretrained-mean-pooling-s0", "attribution-16-orchid-pretrained-s0",
         "attribution-16-orchid-pretrained-s1", "fashion-logreg", "fashion-orchid-s0", "fashion-vit-s0",
+        "floor-attribution-16", "floor-pairs-16",
         "grid-attribution-16-orchid-pretrained-chosen-s1", "grid-attribution-16-orchid-pretrained-lr1e-3-s0",
         "grid-attribution-16-orchid-pretrained-lr1e-4-s0", "pairs-16-bert-pretrained-s0",
         "pairs-16-orchid-pretrained-s0", "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
     ]  # fmt: skip
     records = load_records(results)
     assert len(records["pretraining"]) == 3 and len(records["attribution"]) == 5 and len(records["image"]) == 3
-    assert len(records["pairs"]) == 2 and len(records["grid"]) == 3
+    assert len(records["pairs"]) == 2 and len(records["grid"]) == 3 and len(records["floor"]) == 2
 
     orchid = json.loads((results / "pretrain-orchid.json").read_text())
     own = json.loads((runs / "pretrain-orchid" / "results.json").read_text())
@@ -201,8 +205,42 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     validation = [f"{100 * grid[lr]['metrics']['validation']['accuracy']:.1f}" for lr in ("1e-4", "1e-3")]
     assert [cell.strip("*") for cell in cells[3:5]] == validation
     assert cells[5] == f"{chosen['learning_rate']:g}" and cells[6] == f"{100 * chosen['accuracy']:.1f}"
+    # The bag-of-words floors, below the grid: C chosen on the validation chapters, accuracy on the test chapters.
+    for task, text in (("attribution-16", "novel attribution, 16 tokens"), ("pairs-16", "same novel, pairs of 2 × 8 "
+                                                                                       "tokens")):  # fmt: skip
+        floor = json.loads((runs / f"floor-{task}" / "results.json").read_text())
+        assert floor["validation_accuracy"][f"{floor['chosen_C']:g}"] == max(floor["validation_accuracy"].values())
+        assert f"{text} {100 * floor['accuracy']:.1f}% (C {floor['chosen_C']:g}; majority class " in blocks["grid"]
     assert (tmp_path / "real_data_pretraining.png").stat().st_size > 0
     assert (tmp_path / "real_data_confusion.png").stat().st_size > 0
+
+
+def test_token_frequency_features_of_passages_and_pairs(tmp_path):
+    """The floor's features: each passage's token frequencies (summing to 100); for a pair, the tokens both
+    passages contain and those only one contains; bad task files and settings name the problem."""
+    from transformers import BertTokenizer
+
+    from experiments.real_data.baselines import text_logistic_regression_baseline, token_frequency_features
+
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIALS + ["emma", "anne", "walked", "home"]) + "\n")
+    tokenizer = BertTokenizer.from_pretrained(tmp_path)
+    emma, anne, walked = (tokenizer.convert_tokens_to_ids(t) for t in ("emma", "anne", "walked"))
+    single = token_frequency_features([("emma walked",), ("anne anne",)], tokenizer).toarray()
+    assert single.shape == (2, len(tokenizer)) and single.sum(1).tolist() == [100.0, 100.0]
+    assert (single[0, emma], single[0, walked], single[1, anne]) == (50.0, 50.0, 100.0)
+    pair = token_frequency_features([("emma walked", "emma emma"), ("anne", "walked")], tokenizer).toarray()
+    shared, difference = pair[:, : len(tokenizer)], pair[:, len(tokenizer) :]
+    assert shared[0, emma] == 1.0 and shared[0].sum() == 1.0 and shared[1].sum() == 0.0
+    assert (difference[0, emma], difference[0, walked], difference[1, anne], difference[1, walked]) == (0, 1, 1, 1)
+    assert difference[0].sum() == 1.0 and difference[1].sum() == 2.0
+    task = tmp_path / "task"
+    task.mkdir()
+    for split in ("train", "validation", "test"):
+        (task / f"{split}.csv").write_text("text,label\nemma walked,a\n")
+    with pytest.raises(ValueError, match=r"train.csv lacks the column\(s\) \['sentence1', 'sentence2'\]"):
+        text_logistic_regression_baseline(task, tmp_path, tmp_path / "out")
+    with pytest.raises(ValueError, match=r"C must be one or more positive numbers, got \[0.0\]"):
+        text_logistic_regression_baseline(task, tmp_path, tmp_path / "out", C=[0.0])
 
 
 class RunsCodeWhenLoaded:
@@ -285,6 +323,10 @@ def grid_runs(tmp_path):
     for seed in (0, 1):
         fake_finetune_run(runs / f"pairs-128-orchid-pretrained-s{seed}", 0.6 + seed / 10, 2e-4)
         fake_finetune_run(runs / f"pairs-128-bert-pretrained-s{seed}", 0.55, 2e-4)
+    floor = {"accuracy": 0.9, "chosen_C": 1.0, "validation_accuracy": {"0.1": 0.8, "1": 0.88},
+             "majority_class_accuracy": 0.228, "train_seconds": 5.0}  # fmt: skip
+    (runs / "floor-attribution-128").mkdir()
+    (runs / "floor-attribution-128" / "results.json").write_text(json.dumps(floor))
     return runs
 
 
@@ -308,6 +350,7 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
     collect_runs(grid_runs, results)
     records = load_records(results)
     assert len(records["grid"]) == 15 and len(records["pairs"]) == 4 and not records["attribution"]
+    assert len(records["floor"]) == 1
     report, readme = skeleton(tmp_path / "real_data.md"), skeleton(tmp_path / "README.md", ["headline"])
     blocks = render_report(results, report, readme)
     assert "<!-- real-data:attribution -->\nold\n" in report.read_text()  # no records of its own: left as it was
@@ -330,7 +373,10 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
     assert "Each grid point: 3 epochs, seed 0," in blocks["grid"]
     assert "| 2 × 64 tokens | Orchid | pretrained | 65.0 (60.0 / 70.0) | 2.0 min |" in blocks["pairs"]
     assert ("| novel attribution, 128 tokens, pretrained, lr chosen on validation chapters | 43.0% | BERT 50.0% | "
-            "3 seeds; lr 0.0003 vs 0.0001 |") in blocks["headline"]  # fmt: skip
+            "3 seeds; lr 0.0003 vs 0.0001; bag of words 90.0% |") in blocks["headline"]  # fmt: skip
+    assert blocks["grid"].endswith("C among 0.1, 1 chosen on the validation chapters, trained on the training "
+                                   "chapters), on the test chapters: novel attribution, 128 tokens 90.0% (C 1; "
+                                   "majority class 22.8%).")  # fmt: skip
     assert "| same novel, pairs of 2 × 64 tokens, pretrained | 65.0% | BERT 55.0% | 2 seeds;" in blocks["headline"]
     assert f"<!-- real-data:headline -->\n{blocks['headline']}\n" in readme.read_text()
 
@@ -356,8 +402,13 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
 
     data = f"{tmp_path}/out/austen"
     grid = jobs("grid")
-    points, seeds = grid[:36], grid[36:]
-    assert len(seeds) == 36
+    # Task by task, in `run`'s order: a task's 12 grid points, then its 12 seeds.
+    tasks = [grid[start:start + 24] for start in range(0, len(grid), 24)]
+    assert [GRID_RUN.match(run_name(chunk[0]))["task"] for chunk in tasks] == ["attribution", "attribution", "pairs"]
+    points = [line for chunk in tasks for line in chunk[:12]]
+    seeds = [line for chunk in tasks for line in chunk[12:]]
+    for chunk in tasks:
+        assert len({(match["task"], match["length"]) for match in map(GRID_RUN.match, map(run_name, chunk))}) == 1
     for line in points:
         match = GRID_RUN.match(run_name(line))
         assert match and match["lr"] in ("1e-4", "3e-4", "1e-3") and match["seed"] == "0"
@@ -389,3 +440,24 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
     failed = subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", "pairs", "grids"], env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert failed.returncode == 2 and "unknown stage 'grids'" in failed.stderr and not failed.stdout
+
+
+def test_run_skips_finished_runs_and_goes_task_by_task(tmp_path):
+    """`run` with `echo` as the Python: every job writes its command to its log, except a run whose folder holds
+    results.json (finished), which is skipped; with one job at a time, each grid task's points come before its seeds
+    and before the next task."""
+    out = tmp_path / "out"
+    finished = out / "grid-attribution-128-orchid-pretrained-lr3e-4-s0"
+    finished.mkdir(parents=True)
+    (finished / "results.json").write_text("{}")
+    env = {**os.environ, "OUT": str(out), "PY": "echo", "JOBS": "1"}
+    subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "run", "grid"], env=env, check=True)
+    logs = sorted(out.glob("*.log"), key=lambda path: path.stat().st_mtime_ns)
+    names = [path.stem for path in logs]
+    assert len(names) == 71 and finished.name not in names and not (out / f"{finished.name}.log").exists()
+    assert all(path.read_text().startswith("scripts/finetune_glue.py ") for path in logs)
+    assert f"--output_dir {out}/grid-pairs-128-bert-scratch-chosen-s2" in logs[-1].read_text()
+    order = [(GRID_RUN.match(name)["task"] + GRID_RUN.match(name)["length"], bool(GRID_RUN.match(name)["chosen"]))
+             for name in names]  # fmt: skip
+    assert order == sorted(order, key=lambda key: (["attribution128", "attribution512", "pairs128"].index(key[0]),
+                                                   key[1]))  # fmt: skip

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, TrainingArguments
 
+from experiments.transfer.measures import implicit_kernel_rms
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
 from orchid_hf.arguments import ModelArguments, RecipeArguments
 from orchid_hf.extras import require_extra
@@ -91,7 +92,7 @@ def test_paper_values_are_the_defaults():
     )  # fmt: skip
     assert args.lr_scheduler_type.value == "polynomial" and recipe.min_lr_ratio == 0.02
     assert (recipe.decoupled_weight_decay, args.weight_decay) == (1e-5, 0.0)  # converted when a run is built
-    assert (recipe.filter_learning_rate, recipe.filter_decoupled_weight_decay) == (1e-3, 0.1)
+    assert (recipe.filter_learning_rate, recipe.filter_decoupled_weight_decay) == (1e-3, 0.0)
     assert args.bf16 == (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
     large = mlm_args(["--output_dir", "x", "--recipe", "orchid-bert-large-mlm"]).recipe
@@ -103,7 +104,7 @@ def test_paper_values_are_the_defaults():
     assert args.per_device_train_batch_size == 16 and data.pooling == "first" and data.max_seq_length == 128
     _, data, recipe, args = glue_args(["--task_name", "rte", "--output_dir", "x"], task="rte")
     assert (args.learning_rate, args.weight_decay, recipe.decoupled_weight_decay) == (5e-5, 0.01, None)
-    assert (recipe.filter_weight_decay, recipe.filter_decoupled_weight_decay) == (0.1, None)
+    assert (recipe.filter_weight_decay, recipe.filter_decoupled_weight_decay) == (0.0, None)
     _, data, _, _ = glue_args(["--task_name", "qnli", "--output_dir", "x"], task="qnli")
     assert data.pooling == "mean"
     _, _, recipe, args = glue_args(["--task_name", "rte", "--recipe", "orchid-bert-large-glue", "--output_dir", "x"],
@@ -325,6 +326,49 @@ def test_filter_parameters_get_their_own_group(tmp_path):
     trainer = _trainer(bert, tmp_path, plan)
     trainer.create_optimizer()
     assert len(trainer.optimizer.param_groups) == 2
+
+
+@pytest.mark.parametrize("decay", ["recipe", "m2"])
+def test_the_recipe_trains_the_implicit_filters_and_keeps_them(tmp_path, decay):
+    """60 steps of the masked-LM recipe's optimizer and schedule on a tiny model: the static and residual kernels
+    learn (their size grows). M2-BERT's filter decay of 0.1 under decoupled AdamW scales them by 0.9 at every peak
+    step, and they vanish: the reason the recipe trains them without decay."""
+    extra = [] if decay == "recipe" else ["--filter_decoupled_weight_decay", "0.1"]
+    parsed = mlm_args(["--output_dir", str(tmp_path), "--max_steps", "60", "--eval_strategy", "no", *extra])
+    _, _, recipe, args = parsed.values
+    args.use_cpu, args.report_to = True, "none"
+    plan = resolve_optimizer(args, recipe, parsed.explicit)
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(OrchidConfig(**TINY))
+    trainer = RecipeTrainer(model=model, args=args, optimizer_plan=plan)
+    trainer.create_optimizer_and_scheduler(num_training_steps=60)
+    before = implicit_kernel_rms(model)
+    tokens = torch.randint(5, TINY["vocab_size"], (8, 32), generator=torch.Generator().manual_seed(0))
+    labels = torch.where(torch.rand(tokens.shape, generator=torch.Generator().manual_seed(1)) < 0.3, tokens, -100)
+    for _ in range(60):
+        model(input_ids=tokens, labels=labels).loss.backward()
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        trainer.optimizer.zero_grad()
+    after = implicit_kernel_rms(model)
+    assert len(before) == 2
+    if decay == "recipe":
+        assert all(after[name] > before[name] for name in before), (before, after)
+    else:
+        assert all(after[name] < 1e-3 * before[name] for name in before), (before, after)
+
+
+def test_no_recipe_decays_the_implicit_filters():
+    """Every recipe's filter group, once resolved: lr 1e-3, no weight decay (pretraining, Table C.2's AdamW and
+    D-AdamW GLUE tasks, the classification recipe)."""
+    parsed = mlm_args(["--output_dir", "x"])
+    plans = [resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)]
+    for task in ("sst2", "rte"):  # D-AdamW and AdamW
+        parsed = glue_args(["--task_name", task, "--output_dir", "x"], task=task)
+        plans.append(resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit))
+    parsed = glue_args(["--train_file", "x.csv", "--recipe", "orchid-bert-classification", "--output_dir", "x"])
+    plans.append(resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit))
+    assert [(plan.filter_learning_rate, plan.filter_weight_decay) for plan in plans] == [(1e-3, 0.0)] * 4
 
 
 def test_filter_group_flags(tmp_path):

@@ -171,3 +171,33 @@ def test_the_finetuning_table_gives_the_seeds_mean_of_each_setting_run_with_seve
     rows = report.finetune_table(tmp_path)
     header = "| model | pooling | pooler init | epochs | lr | seeds | mean validation % | mean test % |"
     assert rows[rows.index(header) + 2:] == ["| orchid-pt600-s0 | mean | random | 3 | 0.001 | 0, 1 | 45.0 | 46.0 |"]
+
+
+def test_filter_table_reads_saved_models(tmp_path):
+    """`transfer_diagnosis.py filters`: one row per implicit filter of each saved Orchid model, the saved kernel's
+    RMS beside the same configuration's at initialisation; a model whose filters were zeroed shows 0."""
+    from experiments.transfer.diagnose import filter_table
+    from orchid_hf import OrchidConfig, OrchidForMaskedLM
+
+    config = OrchidConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                          max_position_embeddings=32, filter_width=16)  # fmt: skip
+    torch.manual_seed(0)
+    OrchidForMaskedLM(config).save_pretrained(tmp_path / "initial")
+    torch.manual_seed(0)
+    zeroed = OrchidForMaskedLM(config)
+    with torch.no_grad():
+        for name, parameter in zeroed.named_parameters():
+            if ".static_filter.ffn." in name:
+                parameter.zero_()
+    zeroed.save_pretrained(tmp_path / "zeroed")
+    rows = [line.split(" | ") for line in filter_table([str(tmp_path / "initial"), str(tmp_path / "zeroed")])
+            .splitlines()[2:]]  # fmt: skip
+    assert len(rows) == 8  # 2 models x 2 layers x (static, residual)
+    expected = measures.implicit_kernel_rms(OrchidForMaskedLM.from_pretrained(tmp_path / "initial"))
+    for row in rows:
+        model, name, initial, saved = row[0].strip("| "), row[1], float(row[2]), float(row[3])
+        assert initial == pytest.approx(expected[f"orchid.encoder.layer.{name}"], rel=1e-2)
+        if model == "zeroed" and "static" in name:
+            assert saved == 0.0
+        else:
+            assert saved == pytest.approx(initial, rel=1e-2) and saved > 0

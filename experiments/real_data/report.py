@@ -38,9 +38,11 @@ GRID_RUN = re.compile(
     r"-(lr(?P<lr>[0-9.e+-]+)|(?P<chosen>chosen))-s(?P<seed>\d+)$"
 )
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
+# floor-attribution-128: logistic regression on token frequencies for one of the grid's tasks.
+FLOOR_RUN = re.compile(r"^floor-(?P<task>attribution|pairs)-(?P<length>\d+)$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
-RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "image")
+RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "image")
 MARKER = "<!-- real-data:{name} -->"
 END_MARKER = "<!-- /real-data:{name} -->"
 
@@ -185,6 +187,22 @@ def grid_record(folder: Path, match: re.Match) -> dict:
     }
 
 
+def floor_record(folder: Path, match: re.Match) -> dict:
+    """The bag-of-words floor of a grid task (scripts/text_baseline.py): C chosen on the validation chapters,
+    accuracy on the test chapters."""
+    results = _read(folder / "results.json")
+    return {
+        "kind": "floor",
+        "task": match["task"],
+        "length": int(match["length"]),
+        "accuracy": results["accuracy"],
+        "chosen_C": results["chosen_C"],
+        "validation_accuracy": results["validation_accuracy"],
+        "majority_class_accuracy": results["majority_class_accuracy"],
+        "train_seconds": results["train_seconds"],
+    }
+
+
 def best_grid_point(points: list[tuple[float, float]]) -> float:
     """The learning rate of the best (learning rate, validation accuracy) point: the highest accuracy, on ties the
     lowest learning rate."""
@@ -253,6 +271,8 @@ def collect_runs(
             record = grid_record(folder, match)
         elif match := IMAGE_RUN.match(name):
             record = image_record(folder, match)
+        elif match := FLOOR_RUN.match(name):
+            record = floor_record(folder, match)
         else:
             continue
         write_json(results_dir / f"{name}.json", record)
@@ -285,7 +305,7 @@ def machine_description(threads_per_run: int = 1, runs_at_a_time: int = 2) -> di
 
 
 def load_records(results_dir: str | Path) -> dict[str, list[dict]]:
-    """The kept records by kind (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``image``) and
+    """The kept records by kind (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``floor``, ``image``) and
     ``machine``."""
     records: dict[str, list[dict]] = {kind: [] for kind in (*RECORD_KINDS, "machine")}
     for path in sorted(Path(results_dir).glob("*.json")):
@@ -388,6 +408,21 @@ def grid_choices(records: list[dict]) -> dict[tuple, dict]:
     return choices
 
 
+def floor_note(floors: list[dict]) -> str:
+    """The bag-of-words floor of each grid task, in a sentence."""
+    described = [
+        f"{task_text(f['task'], f['length'])} {100 * f['accuracy']:.1f}% (C {f['chosen_C']:g}; majority class "
+        f"{100 * f['majority_class_accuracy']:.1f}%)"
+        for f in sorted(floors, key=lambda f: (f["task"], f["length"]))
+    ]
+    grid = ", ".join(f"{c:g}" for c in sorted({float(c) for f in floors for c in f["validation_accuracy"]}))
+    return (
+        "The floor, a logistic regression on token frequencies (`scripts/text_baseline.py`, `run text-floor`; C among "
+        f"{grid} chosen on the validation chapters, trained on the training chapters), on the test chapters: "
+        f"{'; '.join(described)}."
+    )
+
+
 def grid_table(records: list[dict]) -> str:
     """Validation accuracy of every grid point (seed 0) and test accuracy at the chosen point only."""
     choices = grid_choices(records)
@@ -465,15 +500,17 @@ def headline_table(records: dict[str, list[dict]]) -> str:
                 f"{len(o)} seeds; fine-tuning {_mean_minutes(o):.1f} vs {_mean_minutes(b):.1f} min |"
             )
     choices = grid_choices(records["grid"]) if records["grid"] else {}
+    floors = {(f["task"], f["length"]): f["accuracy"] for f in records["floor"]}
     for (task, length, init, arch), orchid in choices.items():
         bert = choices.get((task, length, init, "bert"))
         if (init, arch) != ("pretrained", "orchid") or not orchid["runs"] or not (bert and bert["runs"]):
             continue
         mean = [statistics.mean(r["accuracy"] for r in choice["runs"]) for choice in (orchid, bert)]
+        floor = f"; bag of words {100 * floors[(task, length)]:.1f}%" if (task, length) in floors else ""
         rows.append(
             f"| {task_text(task, length)}, pretrained, lr chosen on validation chapters | {100 * mean[0]:.1f}% | "
             f"BERT {100 * mean[1]:.1f}% | {len(orchid['runs'])} seeds; lr {orchid['chosen']:g} vs "
-            f"{bert['chosen']:g} |"
+            f"{bert['chosen']:g}{floor} |"
         )
     images = _group(records["image"], "arch")
     if ("orchid",) in images and ("vit",) in images:
@@ -574,8 +611,11 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
         blocks["attribution"] = f"{attribution_table(records['attribution'])}\n\n{note}"
     if records["pairs"]:
         blocks["pairs"] = f"{attribution_table(records['pairs'], 'pairs')}\n\n{note}"
-    if records["grid"]:
-        blocks["grid"] = f"{grid_table(records['grid'])}\n\n{note}"
+    grid = [f"{grid_table(records['grid'])}\n\n{note}"] if records["grid"] else []
+    if records["floor"]:
+        grid.append(floor_note(records["floor"]))
+    if grid:
+        blocks["grid"] = "\n\n".join(grid)
     if records["image"]:
         plot = report.parent / "real_data_confusion.png"
         plot_confusion_matrices(records["image"], plot)

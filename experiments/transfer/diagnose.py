@@ -144,6 +144,28 @@ def run_operator(ws: Workspace, name: str, examples: int = 64) -> dict:
     return result
 
 
+def filter_table(folders: list[str]) -> str:
+    """A markdown table of the RMS of every implicit filter's kernel h0 in saved Orchid models (folders of
+    ``save_pretrained``, e.g. the real-data comparison's pretrained model) against the same configuration at its
+    initialisation (seed 0): whether pretraining kept the static and residual long convolutions."""
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    import orchid_hf  # noqa: F401  (registers the model type)
+
+    lines = ["| model | filter | h0 RMS at initialisation | h0 RMS saved | skip term D RMS saved |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for folder in folders:
+        model = AutoModelForMaskedLM.from_pretrained(folder)
+        torch.manual_seed(0)
+        initial = measures.implicit_kernel_rms(AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(folder)))
+        skips = {name: float(module.skip.detach().pow(2).mean().sqrt()) for name, module in model.named_modules()
+                 if name in initial}  # fmt: skip
+        for name, rms in measures.implicit_kernel_rms(model).items():
+            lines.append(f"| {Path(folder).name} | {name.split('layer.')[-1]} | {initial[name]:.2e} | {rms:.2e} | "
+                         f"{skips[name]:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def init_pooler_from_mlm(head: Classifier, mlm) -> None:
     """The pooler's dense layer from the masked-LM head's transform (dense + GELU + LayerNorm in both
     architectures), the one pretrained layer that reads the last hidden states."""

@@ -1,6 +1,6 @@
 """Measurements of an encoder: linear probes on frozen features of every layer, hidden-state norms, and, for
 Orchid, how far each position sees through the long convolution (static and data-dependent kernels), the
-conditioning network's scale; the pooler's tanh saturation."""
+conditioning network's scale, the size of the implicit filters' kernels; the pooler's tanh saturation."""
 
 from __future__ import annotations
 
@@ -150,3 +150,12 @@ def participation_ratio(features: np.ndarray) -> float:
     centred = features - features.mean(0, keepdims=True)
     eigenvalues = np.clip(np.linalg.eigvalsh(centred.T @ centred / max(len(features) - 1, 1)), 0, None)
     return float(eigenvalues.sum() ** 2 / max((eigenvalues**2).sum(), 1e-30))
+
+
+@torch.no_grad()
+def implicit_kernel_rms(model: nn.Module) -> dict[str, float]:
+    """The root mean square of the time-domain kernel h0 of every implicit filter of an Orchid model (the static
+    kernel and the residual long convolution of each layer), by module name: how much of the long convolution its
+    training has left beside the skip term D."""
+    return {name: float(module().float().pow(2).mean().sqrt()) for name, module in model.named_modules()
+            if type(module).__name__ == "ImplicitFilter"}  # fmt: skip

@@ -3,8 +3,9 @@
 Plain PyTorch loops rather than the package's Trainer recipes: each run here is minutes on one thread, and a loop
 lets the diagnosis read gradients and activations at any step. The loops follow the recipes' settings: pretraining
 as ``orchid-bert-base-mlm`` (30% masking, 80/10/10, AdamW betas (0.9, 0.98), eps 1e-6, 6% warmup then linear decay
-to 0.02x; Orchid's implicit filters in their own group at lr 1e-3), fine-tuning as ``orchid-bert-classification``
-(AdamW, weight decay 0.01, 6% warmup then linear decay to 0, gradient clipping at 1, batch 32).
+to 0.02x; Orchid's implicit filters in their own group at the recipe's learning rate and weight decay), fine-tuning
+as ``orchid-bert-classification`` (AdamW, weight decay 0.01, 6% warmup then linear decay to 0, gradient clipping at
+1, batch 32).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 from orchid_hf.modeling import OrchidConfig, OrchidForMaskedLM
 from torch import nn
 from transformers import BertConfig, BertForMaskedLM
+
+from orchid_hf.recipes import FILTER_LEARNING_RATE, FILTER_WEIGHT_DECAY
 
 ARCHS = ("orchid", "bert")
 FILTER_NAMES = ("static_filter", "residual_filter")
@@ -83,14 +86,15 @@ def linear_schedule(step: int, total: int, warmup_fraction: float = 0.06, final:
 
 
 def pretrain(model: nn.Module, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: float = 8e-4,
-             filter_lr: float = 1e-3, seed: int = 0, probability: float = 0.3, log_every: int = 50) -> dict:
+             filter_lr: float = FILTER_LEARNING_RATE, seed: int = 0, probability: float = 0.3,
+             log_every: int = 50) -> dict:
     """Masked-LM pretraining in the recipe's settings; returns the loss curve."""
     generator = torch.Generator().manual_seed(seed)
     filters = [p for n, p in model.named_parameters() if any(f in n for f in FILTER_NAMES)]
     others = [p for n, p in model.named_parameters() if not any(f in n for f in FILTER_NAMES)]
     groups = [{"params": others, "lr": lr, "weight_decay": 1e-5 / lr}]
     if filters:
-        groups.append({"params": filters, "lr": filter_lr, "weight_decay": 0.1})
+        groups.append({"params": filters, "lr": filter_lr, "weight_decay": FILTER_WEIGHT_DECAY})
     optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.98), eps=1e-6)
     peaks = [g["lr"] for g in groups]
     model.train()
