@@ -149,7 +149,9 @@ def text_logistic_regression_baseline(
     values, counts = np.unique(labels["test"], return_counts=True)
     results = {
         "task_dir": str(task_dir),
-        "model": {"model_type": "logistic-regression", "features": "token frequencies", "max_iter": max_iter},
+        "model": {"model_type": "logistic-regression", "max_iter": max_iter,
+                  "features": "token frequencies" if len(splits["train"][0][0]) == 1
+                  else "tokens both passages contain, and tokens only one contains"},
         "validation_accuracy": {f"{c:g}": validation[c] for c in sorted(C)},
         "chosen_C": chosen,
         "accuracy": test_accuracy,
