@@ -61,9 +61,11 @@ MLM="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/va
 
 # Fine-tuning on TASK (a folder of prepare: attribution-128, attribution-512, pairs-128; its number is the sequence
 # length), trained on the TRAIN file and evaluated on the EVAL file of that folder: `finetune_args TASK TRAIN EVAL`.
+# Every run computes in float32 (no bfloat16 or TensorFloat-32 on a GPU either), so a run means the same anywhere.
 finetune_args() {
     echo "--train_file $OUT/austen/$1/$2.csv --validation_file $OUT/austen/$1/$3.csv --max_seq_length ${1##*-} \
---per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --disable_tqdm True"
+--per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --disable_tqdm True \
+--bf16 False --tf32 False"
 }
 
 # The model of a fine-tuning run: `model_args ARCH INIT`, INIT pretrained (the pretrain stage's model) or scratch.
@@ -87,7 +89,9 @@ attribution_args() { fixed_args "attribution-$1"; }
 # The grid: the same learning rates and epochs for both architectures, each point trained on the training chapters
 # with seed 0 and scored on the validation chapters; the best point (on ties the lowest learning rate) is trained
 # again with every seed of GRID_SEEDS and scored on the test chapters.
-GRID_TASKS="attribution-128 attribution-512 pairs-128"
+# GRID_TASKS and GRID_ARCHS narrow the grid to some tasks or one architecture (to share it between machines, say).
+GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128"}
+GRID_ARCHS=${GRID_ARCHS:-"orchid bert"}
 GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
 GRID_EPOCHS=3
 GRID_SEEDS="0 1 2"
@@ -155,7 +159,7 @@ jobs() {
         # grid's results when the job starts.
         for task in $tasks; do
             for init in pretrained scratch; do
-                for arch in orchid bert; do
+                for arch in $GRID_ARCHS; do
                     local group=grid-$task-$arch-$init model
                     model=$(model_args $arch $init)
                     if [ "$phase" = 1 ]; then

@@ -424,13 +424,15 @@ def floor_note(floors: list[dict]) -> str:
 
 
 def grid_table(records: list[dict]) -> str:
-    """Validation accuracy of every grid point (seed 0) and test accuracy at the chosen point only."""
+    """Validation accuracy of every grid point (seed 0) and test accuracy at the chosen point only. No training
+    times: the grid's runs may share a machine many at a time (scripts/real_data.sh's JOBS), which makes their times
+    no speed comparison; the attribution and pairs tables give those."""
     choices = grid_choices(records)
     rates = sorted({lr for choice in choices.values() for lr in choice["points"]})
     rows = [
         "| task | model | start | " + " | ".join(f"validation % at lr {lr:g}" for lr in rates)
-        + " | chosen lr | test % at the chosen lr (mean; seeds) | training time¹ (mean) |",
-        "|---|---|---|" + "---|" * len(rates) + "---|---|---|",
+        + " | chosen lr | test % at the chosen lr (mean; seeds) |",
+        "|---|---|---|" + "---|" * len(rates) + "---|---|",
     ]
     for (task, length, init, arch), choice in choices.items():
         cells = []
@@ -440,10 +442,9 @@ def grid_table(records: list[dict]) -> str:
             cells.append(f"**{text}**" if lr == choice["chosen"] else text)
         runs = choice["runs"]
         test = _mean_and_runs([r["accuracy"] for r in runs]) if runs else "–"
-        minutes = f"{_mean_minutes(runs):.1f} min" if runs else "–"
         rows.append(
             f"| {task_text(task, length)} | {ARCH_NAMES.get(arch, arch)} | {init} | " + " | ".join(cells)
-            + f" | {choice['chosen']:g} | {test} | {minutes} |"
+            + f" | {choice['chosen']:g} | {test} |"
         )
     epochs = sorted({choice["epochs"] for choice in choices.values() if choice["epochs"] is not None})
     note = (
@@ -611,7 +612,7 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
         blocks["attribution"] = f"{attribution_table(records['attribution'])}\n\n{note}"
     if records["pairs"]:
         blocks["pairs"] = f"{attribution_table(records['pairs'], 'pairs')}\n\n{note}"
-    grid = [f"{grid_table(records['grid'])}\n\n{note}"] if records["grid"] else []
+    grid = [grid_table(records["grid"])] if records["grid"] else []
     if records["floor"]:
         grid.append(floor_note(records["floor"]))
     if grid:
