@@ -14,6 +14,8 @@
 #                                                      # 128 and 512 and the pairs: the learning rate chosen on the
 #                                                      # validation chapters, then 3 seeds at it on the test chapters
 #   bash scripts/real_data.sh run text-floor           # the grid's tasks by logistic regression on token frequencies
+#   bash scripts/real_data.sh run pair-probe           # the pair task by logistic regression on frozen features of
+#                                                      # both architectures, pretrained and at random initialisation
 #   bash scripts/real_data.sh report                   # docs/results/real_data.md, its JSON and plots, from the runs
 #
 # `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
@@ -89,9 +91,11 @@ attribution_args() { fixed_args "attribution-$1"; }
 # The grid: the same learning rates and epochs for both architectures, each point trained on the training chapters
 # with seed 0 and scored on the validation chapters; the best point (on ties the lowest learning rate) is trained
 # again with every seed of GRID_SEEDS and scored on the test chapters.
-# GRID_TASKS and GRID_ARCHS narrow the grid to some tasks or one architecture (to share it between machines, say).
+# GRID_TASKS, GRID_ARCHS and GRID_INITS narrow the grid to some tasks, architectures or initialisations (to share it
+# between machines, say: the runs from scratch need no pretrained model).
 GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128"}
 GRID_ARCHS=${GRID_ARCHS:-"orchid bert"}
+GRID_INITS=${GRID_INITS:-"pretrained scratch"}
 GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
 GRID_EPOCHS=3
 GRID_SEEDS="0 1 2"
@@ -158,7 +162,7 @@ jobs() {
         # The grid points (phase 1), then the chosen point's seeds (phase 2), whose learning rate is read from the
         # grid's results when the job starts.
         for task in $tasks; do
-            for init in pretrained scratch; do
+            for init in $GRID_INITS; do
                 for arch in $GRID_ARCHS; do
                     local group=grid-$task-$arch-$init model
                     model=$(model_args $arch $init)
@@ -187,6 +191,17 @@ jobs() {
 --tokenizer_name $OUT/austen/tokenizer --output_dir $OUT/floor-$task > $OUT/floor-$task.log 2>&1"
         done
         ;;
+    pair-probe)
+        # Is "same novel" in the features before any fine-tuning? The pretraining stage's models, and the same
+        # configurations at random initialisation, frozen; C chosen on the validation chapters.
+        for arch in orchid bert; do
+            for init in pretrained random; do
+                local name=$OUT/probe-pairs-128-$arch-$init
+                echo "OMP_NUM_THREADS=$THREADS $PY scripts/pair_probe.py --task_dir $OUT/austen/pairs-128 \
+--model_name_or_path $OUT/pretrain-$arch --init $init --output_dir $name > $name.log 2>&1"
+            done
+        done
+        ;;
     images)
         local common="--train_dir $DATA/fashion-mnist --class_names ${FASHION_CLASSES[*]@Q} \
 --recipe orchid-vit-digits --num_train_epochs 5 --warmup_epochs 1 --crop_padding 2 --hflip True \
@@ -203,7 +218,7 @@ jobs() {
     esac
 }
 
-STAGES=" pretrain bert-lr attribution attribution-variants pairs grid text-floor images "
+STAGES=" pretrain bert-lr attribution attribution-variants pairs grid text-floor pair-probe images "
 # The queues of the STAGES given, in order, each as its commands followed by an empty line: the stages other than
 # the grid in one queue, then for each task of the grid its points, then its seeds.
 queues() {

@@ -18,6 +18,7 @@ from experiments.real_data.report import (
     ATTRIBUTION_RUN,
     GRID_RUN,
     PAIRS_RUN,
+    PROBE_RUN,
     choose_learning_rate,
     collect_runs,
     load_records,
@@ -118,6 +119,10 @@ def runs(tmp_path_factory):
     for task in ("attribution-16", "pairs-16"):
         load_script("text_baseline").main(["--task_dir", str(data / task), "--tokenizer_name", str(data / "tokenizer"),
                                            "--output_dir", str(out / f"floor-{task}")])  # fmt: skip
+    for arch, init in (("orchid", "pretrained"), ("bert", "random")):
+        load_script("pair_probe").main(["--task_dir", str(data / "pairs-16"), "--model_name_or_path",
+                                        str(out / f"pretrain-{arch}"), "--init", init,
+                                        "--output_dir", str(out / f"probe-pairs-16-{arch}-{init}")])  # fmt: skip
     (out / "attribution-16-orchid-scratch-s0").mkdir()  # unfinished: no results.json, not collected
     return out
 
@@ -141,10 +146,12 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
         "grid-attribution-16-orchid-pretrained-chosen-s1", "grid-attribution-16-orchid-pretrained-lr1e-3-s0",
         "grid-attribution-16-orchid-pretrained-lr1e-4-s0", "pairs-16-bert-pretrained-s0",
         "pairs-16-orchid-pretrained-s0", "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
+        "probe-pairs-16-bert-random", "probe-pairs-16-orchid-pretrained",
     ]  # fmt: skip
     records = load_records(results)
     assert len(records["pretraining"]) == 3 and len(records["attribution"]) == 5 and len(records["image"]) == 3
     assert len(records["pairs"]) == 2 and len(records["grid"]) == 3 and len(records["floor"]) == 2
+    assert len(records["probe"]) == 2
 
     orchid = json.loads((results / "pretrain-orchid.json").read_text())
     own = json.loads((runs / "pretrain-orchid" / "results.json").read_text())
@@ -211,6 +218,17 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
         floor = json.loads((runs / f"floor-{task}" / "results.json").read_text())
         assert floor["validation_accuracy"][f"{floor['chosen_C']:g}"] == max(floor["validation_accuracy"].values())
         assert f"{text} {100 * floor['accuracy']:.1f}% (C {floor['chosen_C']:g}; majority class " in blocks["grid"]
+    # The frozen-feature probes of the pair task, after the floors, from the probes' own files.
+    probes = {name: json.loads((runs / f"probe-pairs-16-{name}" / "results.json").read_text())["layers"]
+              for name in ("orchid-pretrained", "bert-random")}  # fmt: skip
+    assert blocks["grid"].endswith(
+        "on the test chapters: Orchid pretrained embeddings "
+        f"{100 * probes['orchid-pretrained']['embeddings']['accuracy']:.1f}%, last layer "
+        f"{100 * probes['orchid-pretrained']['last']['accuracy']:.1f}%; BERT random embeddings "
+        f"{100 * probes['bert-random']['embeddings']['accuracy']:.1f}%, last layer "
+        f"{100 * probes['bert-random']['last']['accuracy']:.1f}%."
+    )
+    assert "Frozen features, same novel, pairs of 2 × 8 tokens (`scripts/pair_probe.py`" in blocks["grid"]
     assert (tmp_path / "real_data_pretraining.png").stat().st_size > 0
     assert (tmp_path / "real_data_confusion.png").stat().st_size > 0
 
@@ -241,6 +259,98 @@ def test_token_frequency_features_of_passages_and_pairs(tmp_path):
         text_logistic_regression_baseline(task, tmp_path, tmp_path / "out")
     with pytest.raises(ValueError, match=r"C must be one or more positive numbers, got \[0.0\]"):
         text_logistic_regression_baseline(task, tmp_path, tmp_path / "out", C=[0.0])
+
+
+def write_pair_files(task: Path, pairs: dict[str, list[tuple[str, str, str]]]) -> None:
+    task.mkdir(parents=True, exist_ok=True)
+    for split, rows in pairs.items():
+        lines = ["sentence1,sentence2,label"] + [",".join(row) for row in rows]
+        (task / f"{split}.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_pair_probe_reads_frozen_features(tmp_path):
+    """The frozen-feature probe of the pair task: each passage's features are the mean of its real tokens, the same
+    alone or padded in a batch, whatever the padded positions hold; a task whose "same" pairs are one passage twice
+    is told apart perfectly (their difference is exactly zero); the random initialisation is drawn from the seed; bad
+    input names the problem."""
+    from transformers import BertTokenizer
+
+    from experiments.real_data.probes import frozen_feature_pair_probe, load_frozen_model, passage_features
+    from orchid_hf import OrchidConfig, OrchidForMaskedLM
+
+    words = [f"w{k}" for k in range(40)]
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIALS + words) + "\n")
+    model_dir = tmp_path / "model"
+    BertTokenizer.from_pretrained(tmp_path).save_pretrained(model_dir)
+    config = OrchidConfig(vocab_size=len(SPECIALS) + len(words), hidden_size=16, num_hidden_layers=1,
+                          intermediate_size=32, max_position_embeddings=16, filter_width=8)  # fmt: skip
+    OrchidForMaskedLM(config).save_pretrained(model_dir)
+    model, tokenizer = load_frozen_model(model_dir)
+    texts = ["w1 w2 w3 w4 w5 w6 w7", "w8", "w9 w10 w11"]
+    alone = [passage_features(model, tokenizer, [text]) for text in texts]
+    batched = passage_features(model, tokenizer, texts, batch_size=3)
+    for layer in ("embeddings", "last"):
+        assert batched[layer].shape == (3, 16) and batched[layer].dtype.name == "float64"
+        torch.testing.assert_close(torch.from_numpy(batched[layer]),
+                                   torch.from_numpy(numpy_rows(alone, layer)), rtol=0, atol=1e-6)  # fmt: skip
+
+    class NaNInPadding(torch.nn.Module):
+        """The model, with NaN written into the padded positions of every hidden state it returns."""
+
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, attention_mask, **inputs):
+            outputs = self.inner(attention_mask=attention_mask, **inputs)
+            pad = ~attention_mask.bool().unsqueeze(-1)
+            outputs.hidden_states = tuple(h.masked_fill(pad, float("nan")) for h in outputs.hidden_states)
+            return outputs
+
+    poisoned = passage_features(NaNInPadding(), tokenizer, texts, batch_size=3)
+    for layer in ("embeddings", "last"):
+        assert (poisoned[layer] == batched[layer]).all()
+
+    # Same pairs are one passage twice, different pairs two passages: exactly separable by the differences.
+    rng = torch.Generator().manual_seed(0)
+    passages = [" ".join(words[i] for i in torch.randint(0, 40, (6,), generator=rng).tolist()) for _ in range(90)]
+    pairs = {split: [(passages[i], passages[i] if i % 2 else passages[i + 1], "same" if i % 2 else "different")
+                     for i in range(start, start + 30)] for split, start in
+             (("train", 0), ("validation", 30), ("test", 60))}  # fmt: skip
+    write_pair_files(tmp_path / "pairs", pairs)
+    results = frozen_feature_pair_probe(tmp_path / "pairs", model_dir, tmp_path / "out", init="random", seed=3)
+    assert json.loads((tmp_path / "out" / "results.json").read_text()) == results
+    assert (results["init"], results["seed"], results["model_type"]) == ("random", 3, "orchid")
+    for layer in ("embeddings", "last"):
+        probe = results["layers"][layer]
+        assert probe["accuracy"] == 1.0 and probe["num_train"] == probe["num_eval"] == 30
+        assert probe["validation_accuracy"][f"{probe['chosen_C']:g}"] == max(probe["validation_accuracy"].values())
+    # The random initialisation is the seed's, not the checkpoint's weights.
+    again, _ = load_frozen_model(model_dir, "random", seed=3)
+    other, _ = load_frozen_model(model_dir, "random", seed=4)
+    same = load_frozen_model(model_dir, "random", seed=3)[0]
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), same.state_dict().values()))
+    assert not torch.equal(again.embeddings.word_embeddings.weight, other.embeddings.word_embeddings.weight)
+    assert not torch.equal(again.embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
+
+    with pytest.raises(ValueError, match=r"init must be one of \('pretrained', 'random'\), got 'scratch'"):
+        load_frozen_model(model_dir, "scratch")
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        passage_features(model, tokenizer, texts, batch_size=0)
+    single = tmp_path / "single"
+    single.mkdir()
+    for split in ("train", "validation", "test"):
+        (single / f"{split}.csv").write_text("sentence,label\nw1 w2,a\n")
+    with pytest.raises(ValueError, match=r"single/train.csv is not a pair task: it has one text column"):
+        frozen_feature_pair_probe(single, model_dir, tmp_path / "out")
+    with pytest.raises(ValueError, match=r"C must be one or more positive numbers, got \[\]"):
+        frozen_feature_pair_probe(tmp_path / "pairs", model_dir, tmp_path / "out", C=[])
+
+
+def numpy_rows(features: list[dict], layer: str):
+    import numpy as np
+
+    return np.concatenate([f[layer] for f in features])
 
 
 class RunsCodeWhenLoaded:
@@ -434,6 +544,10 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
     narrowed = jobs("grid", GRID_ARCHS="bert", GRID_TASKS="attribution-512")
     assert narrowed == [line for line in grid if "-attribution-512-bert-" in line]
     assert len(narrowed) == 12
+    # GRID_INITS too: the runs from scratch of both architectures, which need no pretrained model.
+    scratch = jobs("grid", GRID_INITS="scratch", GRID_TASKS="pairs-128")
+    assert scratch == [line for line in grid if "-pairs-128-" in line and "-scratch-" in line]
+    assert len(scratch) == 12 and not any("pretrain-" in line for line in scratch)
 
     for stage, pattern, count in (("attribution", ATTRIBUTION_RUN, 16), ("pairs", PAIRS_RUN, 8)):
         lines = jobs(stage)
@@ -445,6 +559,13 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
             assert "--num_train_epochs 1 --learning_rate 2e-4 " in line
             # The attribution stage compares first-token pooling; the pairs take the recipe's.
             assert ("--pooling first" in line) == (stage == "attribution" and match["arch"] == "orchid")
+    # The frozen-feature probes: both architectures' pretrained models and their configurations at random.
+    probes = jobs("pair-probe")
+    assert [PROBE_RUN.match(run_name(line)).group("arch", "init") for line in probes] == [
+        ("orchid", "pretrained"), ("orchid", "random"), ("bert", "pretrained"), ("bert", "random")]  # fmt: skip
+    for line in probes:
+        arch, init = PROBE_RUN.match(run_name(line)).group("arch", "init")
+        assert f"--task_dir {data}/pairs-128 --model_name_or_path {tmp_path}/out/pretrain-{arch} --init {init} " in line
     failed = subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", "pairs", "grids"], env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert failed.returncode == 2 and "unknown stage 'grids'" in failed.stderr and not failed.stdout

@@ -77,7 +77,7 @@ def logistic_regression_baseline(
     return results
 
 
-def _read_task_csv(path: Path) -> tuple[list[tuple[str, ...]], list[str]]:
+def read_task_csv(path: Path) -> tuple[list[tuple[str, ...]], list[str]]:
     """The texts (one or two per row: ``sentence`` or ``sentence1``, ``sentence2``) and labels of a task file of
     scripts/prepare_novels.py."""
     import csv
@@ -115,6 +115,41 @@ def token_frequency_features(texts: list[tuple[str, ...]], tokenizer):
     return hstack([a.multiply(b), abs(a - b)]).tocsr()
 
 
+def check_logistic_settings(C: Sequence[float], max_iter: int) -> None:
+    """A ``ValueError`` for a choice of C or an iteration cap that no logistic regression can take."""
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    if not C or min(C) <= 0:
+        raise ValueError(f"C must be one or more positive numbers, got {list(C)}")
+
+
+def choose_and_score(features: dict, labels: dict, C: Sequence[float], max_iter: int) -> dict:
+    """A logistic regression fitted on ``features["train"]`` once per value of ``C``, the value that scores best on
+    ``features["validation"]`` chosen (on ties the smallest), and that model scored on ``features["test"]``, as the
+    grid of scripts/real_data.sh treats the neural models: the validation accuracies, the chosen C, the test
+    accuracy, the majority class's test accuracy, the example counts and the fitting time."""
+    from sklearn.linear_model import LogisticRegression
+
+    check_logistic_settings(C, max_iter)
+    started = time.perf_counter()
+    models, validation = {}, {}
+    for c in sorted(C):
+        models[c] = LogisticRegression(C=c, max_iter=max_iter).fit(features["train"], labels["train"])
+        validation[c] = float((models[c].predict(features["validation"]) == labels["validation"]).mean())
+    chosen = max(sorted(C), key=lambda c: (validation[c], -c))
+    train_seconds = time.perf_counter() - started
+    _, counts = np.unique(labels["test"], return_counts=True)
+    return {
+        "validation_accuracy": {f"{c:g}": validation[c] for c in sorted(C)},
+        "chosen_C": chosen,
+        "accuracy": float((models[chosen].predict(features["test"]) == labels["test"]).mean()),
+        "majority_class_accuracy": float(counts.max() / counts.sum()),
+        "num_train": len(labels["train"]),
+        "num_eval": len(labels["test"]),
+        "train_seconds": round(train_seconds, 2),
+    }
+
+
 def text_logistic_regression_baseline(
     task_dir: str | Path,
     tokenizer_name: str | Path,
@@ -126,44 +161,32 @@ def text_logistic_regression_baseline(
     ``validation.csv`` (on ties the smallest), and score that model on ``test.csv``, as the grid of
     scripts/real_data.sh treats the neural models; write ``results.json`` to ``output_dir`` and return it."""
     require_extra("sklearn", "vision")
-    from sklearn.linear_model import LogisticRegression
     from transformers import AutoTokenizer
 
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    if not C or min(C) <= 0:
-        raise ValueError(f"C must be one or more positive numbers, got {list(C)}")
+    check_logistic_settings(C, max_iter)
     task_dir = Path(task_dir)
-    splits = {name: _read_task_csv(task_dir / f"{name}.csv") for name in ("train", "validation", "test")}
+    splits = {name: read_task_csv(task_dir / f"{name}.csv") for name in ("train", "validation", "test")}
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_name))
     features = {name: token_frequency_features(texts, tokenizer) for name, (texts, _) in splits.items()}
     labels = {name: np.asarray(values) for name, (_, values) in splits.items()}
-    started = time.perf_counter()
-    models, validation = {}, {}
-    for c in sorted(C):
-        models[c] = LogisticRegression(C=c, max_iter=max_iter).fit(features["train"], labels["train"])
-        validation[c] = float((models[c].predict(features["validation"]) == labels["validation"]).mean())
-    chosen = max(sorted(C), key=lambda c: (validation[c], -c))
-    train_seconds = time.perf_counter() - started
-    test_accuracy = float((models[chosen].predict(features["test"]) == labels["test"]).mean())
-    values, counts = np.unique(labels["test"], return_counts=True)
     results = {
         "task_dir": str(task_dir),
         "model": {"model_type": "logistic-regression", "max_iter": max_iter,
                   "features": "token frequencies" if len(splits["train"][0][0]) == 1
                   else "tokens both passages contain, and tokens only one contains"},
-        "validation_accuracy": {f"{c:g}": validation[c] for c in sorted(C)},
-        "chosen_C": chosen,
-        "accuracy": test_accuracy,
-        "majority_class_accuracy": float(counts.max() / counts.sum()),
-        "num_train": len(labels["train"]),
-        "num_eval": len(labels["test"]),
-        "train_seconds": round(train_seconds, 2),
-    }
+        **choose_and_score(features, labels, C, max_iter),
+    }  # fmt: skip
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_json(output_dir / "results.json", results)
     return results
 
 
-__all__ = ["logistic_regression_baseline", "text_logistic_regression_baseline", "token_frequency_features"]
+__all__ = [
+    "check_logistic_settings",
+    "choose_and_score",
+    "logistic_regression_baseline",
+    "read_task_csv",
+    "text_logistic_regression_baseline",
+    "token_frequency_features",
+]

@@ -40,9 +40,11 @@ GRID_RUN = re.compile(
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 # floor-attribution-128: logistic regression on token frequencies for one of the grid's tasks.
 FLOOR_RUN = re.compile(r"^floor-(?P<task>attribution|pairs)-(?P<length>\d+)$")
+# probe-pairs-128-orchid-pretrained: logistic regression on a frozen model's features (scripts/pair_probe.py).
+PROBE_RUN = re.compile(r"^probe-(?P<task>pairs)-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|random)$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
-RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "image")
+RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "probe", "image")
 MARKER = "<!-- real-data:{name} -->"
 END_MARKER = "<!-- /real-data:{name} -->"
 
@@ -203,6 +205,23 @@ def floor_record(folder: Path, match: re.Match) -> dict:
     }
 
 
+def probe_record(folder: Path, match: re.Match) -> dict:
+    """A logistic regression on a frozen model's features for a grid task (scripts/pair_probe.py), per layer: C
+    chosen on the validation chapters, accuracy on the test chapters."""
+    results = _read(folder / "results.json")
+    return {
+        "kind": "probe",
+        "task": match["task"],
+        "length": int(match["length"]),
+        "arch": match["arch"],
+        "init": match["init"],
+        "layers": {
+            layer: {key: probe[key] for key in ("accuracy", "chosen_C", "validation_accuracy", "num_eval")}
+            for layer, probe in results["layers"].items()
+        },
+    }
+
+
 def best_grid_point(points: list[tuple[float, float]]) -> float:
     """The learning rate of the best (learning rate, validation accuracy) point: the highest accuracy, on ties the
     lowest learning rate."""
@@ -273,6 +292,8 @@ def collect_runs(
             record = image_record(folder, match)
         elif match := FLOOR_RUN.match(name):
             record = floor_record(folder, match)
+        elif match := PROBE_RUN.match(name):
+            record = probe_record(folder, match)
         else:
             continue
         write_json(results_dir / f"{name}.json", record)
@@ -305,8 +326,8 @@ def machine_description(threads_per_run: int = 1, runs_at_a_time: int = 2) -> di
 
 
 def load_records(results_dir: str | Path) -> dict[str, list[dict]]:
-    """The kept records by kind (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``floor``, ``image``) and
-    ``machine``."""
+    """The kept records by kind (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``floor``, ``probe``,
+    ``image``) and ``machine``."""
     records: dict[str, list[dict]] = {kind: [] for kind in (*RECORD_KINDS, "machine")}
     for path in sorted(Path(results_dir).glob("*.json")):
         record = _read(path)
@@ -421,6 +442,27 @@ def floor_note(floors: list[dict]) -> str:
         f"{grid} chosen on the validation chapters, trained on the training chapters), on the test chapters: "
         f"{'; '.join(described)}."
     )
+
+
+def probe_note(probes: list[dict]) -> str:
+    """The frozen-feature probes of the grid's tasks, in a sentence per task."""
+    layer_names = {"embeddings": "embeddings", "last": "last layer"}
+    sentences = []
+    for (task, length), group in _group(probes, "task", "length").items():
+        described = [
+            f"{ARCH_NAMES.get(p['arch'], p['arch'])} {p['init']} "
+            + ", ".join(f"{layer_names.get(layer, layer)} {100 * probe['accuracy']:.1f}%"
+                        for layer, probe in p["layers"].items())  # fmt: skip
+            for p in sorted(group, key=lambda p: (p["arch"] != "orchid", p["init"] != "pretrained"))
+        ]
+        sentences.append(
+            f"Frozen features, {task_text(task, length)} (`scripts/pair_probe.py`, `run pair-probe`: each passage "
+            "encoded alone by the model, never fine-tuned, the mean of its real tokens at the embeddings and at the "
+            "last layer; a logistic regression on the product and absolute difference of the two passages' "
+            "standardised features, C chosen on the validation chapters), on the test chapters: "
+            f"{'; '.join(described)}."
+        )
+    return "\n\n".join(sentences)
 
 
 def grid_table(records: list[dict]) -> str:
@@ -615,6 +657,8 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
     grid = [grid_table(records["grid"])] if records["grid"] else []
     if records["floor"]:
         grid.append(floor_note(records["floor"]))
+    if records["probe"]:
+        grid.append(probe_note(records["probe"]))
     if grid:
         blocks["grid"] = "\n\n".join(grid)
     if records["image"]:
