@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -233,6 +234,21 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     assert (tmp_path / "real_data_confusion.png").stat().st_size > 0
 
 
+def write_splits(task: Path, text: str) -> Path:
+    """A task folder whose train.csv, validation.csv and test.csv all hold ``text``."""
+    task.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "validation", "test"):
+        (task / f"{split}.csv").write_text(text)
+    return task
+
+
+def write_pair_files(task: Path, pairs: dict[str, list[tuple[str, str, str]]]) -> None:
+    task.mkdir(parents=True, exist_ok=True)
+    for split, rows in pairs.items():
+        lines = ["sentence1,sentence2,label"] + [",".join(row) for row in rows]
+        (task / f"{split}.csv").write_text("\n".join(lines) + "\n")
+
+
 def test_token_frequency_features_of_passages_and_pairs(tmp_path):
     """The floor's features: each passage's token frequencies (summing to 100); for a pair, the tokens both
     passages contain and those only one contains; bad task files and settings name the problem."""
@@ -251,21 +267,11 @@ def test_token_frequency_features_of_passages_and_pairs(tmp_path):
     assert shared[0, emma] == 1.0 and shared[0].sum() == 1.0 and shared[1].sum() == 0.0
     assert (difference[0, emma], difference[0, walked], difference[1, anne], difference[1, walked]) == (0, 1, 1, 1)
     assert difference[0].sum() == 1.0 and difference[1].sum() == 2.0
-    task = tmp_path / "task"
-    task.mkdir()
-    for split in ("train", "validation", "test"):
-        (task / f"{split}.csv").write_text("text,label\nemma walked,a\n")
+    task = write_splits(tmp_path / "task", "text,label\nemma walked,a\n")
     with pytest.raises(ValueError, match=r"train.csv lacks the column\(s\) \['sentence1', 'sentence2'\]"):
         text_logistic_regression_baseline(task, tmp_path, tmp_path / "out")
     with pytest.raises(ValueError, match=r"C must be one or more positive numbers, got \[0.0\]"):
         text_logistic_regression_baseline(task, tmp_path, tmp_path / "out", C=[0.0])
-
-
-def write_pair_files(task: Path, pairs: dict[str, list[tuple[str, str, str]]]) -> None:
-    task.mkdir(parents=True, exist_ok=True)
-    for split, rows in pairs.items():
-        lines = ["sentence1,sentence2,label"] + [",".join(row) for row in rows]
-        (task / f"{split}.csv").write_text("\n".join(lines) + "\n")
 
 
 def test_pair_probe_reads_frozen_features(tmp_path):
@@ -291,8 +297,8 @@ def test_pair_probe_reads_frozen_features(tmp_path):
     batched = passage_features(model, tokenizer, texts, batch_size=3)
     for layer in ("embeddings", "last"):
         assert batched[layer].shape == (3, 16) and batched[layer].dtype.name == "float64"
-        torch.testing.assert_close(torch.from_numpy(batched[layer]),
-                                   torch.from_numpy(numpy_rows(alone, layer)), rtol=0, atol=1e-6)  # fmt: skip
+        one_by_one = np.concatenate([features[layer] for features in alone])
+        torch.testing.assert_close(torch.from_numpy(batched[layer]), torch.from_numpy(one_by_one), rtol=0, atol=1e-6)
 
     class NaNInPadding(torch.nn.Module):
         """The model, with NaN written into the padded positions of every hidden state it returns."""
@@ -337,20 +343,11 @@ def test_pair_probe_reads_frozen_features(tmp_path):
         load_frozen_model(model_dir, "scratch")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         passage_features(model, tokenizer, texts, batch_size=0)
-    single = tmp_path / "single"
-    single.mkdir()
-    for split in ("train", "validation", "test"):
-        (single / f"{split}.csv").write_text("sentence,label\nw1 w2,a\n")
+    single = write_splits(tmp_path / "single", "sentence,label\nw1 w2,a\n")
     with pytest.raises(ValueError, match=r"single/train.csv is not a pair task: it has one text column"):
         frozen_feature_pair_probe(single, model_dir, tmp_path / "out")
     with pytest.raises(ValueError, match=r"C must be one or more positive numbers, got \[\]"):
         frozen_feature_pair_probe(tmp_path / "pairs", model_dir, tmp_path / "out", C=[])
-
-
-def numpy_rows(features: list[dict], layer: str):
-    import numpy as np
-
-    return np.concatenate([f[layer] for f in features])
 
 
 class RunsCodeWhenLoaded:
