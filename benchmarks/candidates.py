@@ -172,6 +172,16 @@ def _orchid_model(package_of: Callable):
     return build
 
 
+def _compiled_operator(hidden, heads, length, reference):
+    return torch.compile(_orchid_operator(hidden, heads, length, reference))
+
+
+def _compiled_model(quick, length, reference, layers):
+    import orchid_hf
+
+    return torch.compile(_orchid_model(lambda _: orchid_hf)(quick, length, reference, layers))
+
+
 def _optimized_model(quick, length, reference, layers):
     import orchid_hf
 
@@ -311,6 +321,10 @@ CANDIDATES: dict[str, Candidate] = {
             "orchid_optimized", "Orchid, optimize_for_inference",
             dict(operator=_optimized_operator, model=_optimized_model),
             tables=("operator", "model"), trains=False, color="C1",
+        ),
+        Candidate(
+            "orchid_compiled", "Orchid, torch.compile", dict(operator=_compiled_operator, model=_compiled_model),
+            tables=("operator", "model"), trains=False, wanted="compiled", color="C6",
         ),
         # The plain model exported to ONNX and run by ONNX Runtime, where onnxruntime is installed (the onnx extra).
         Candidate(

@@ -35,7 +35,7 @@ from orchid_hf.modeling.orchid_layers import (
     TRANSFORMS,
     OrchidOperator,
 )
-from orchid_hf.modeling.orchid_ops import ALL_CHANNELS, forward_transform, masked
+from orchid_hf.modeling.orchid_ops import forward_transform, masked
 from torch import nn
 
 MODELS = ("orchid", "static", "transformer")
@@ -212,9 +212,7 @@ class NormalizedConditioning(nn.Module):
     """Type I conditioning with a LayerNorm over channels after the time and the frequency convolutions.
 
     An experiment, not the library operator: it reuses the wrapped network's convolutions and adds what the
-    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not. A LayerNorm
-    over channels needs every channel at once, so it refuses the operator's channel groups (long inputs of wide
-    models).
+    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not.
     """
 
     def __init__(self, inner: nn.Module, channels: int):
@@ -223,15 +221,8 @@ class NormalizedConditioning(nn.Module):
         self.time_norm = nn.LayerNorm(channels)  # over the channels of (B, L, C) features and (B, N, C) spectra
         self.freq_norm = nn.LayerNorm(channels)
 
-    def forward(
-        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The wrapped network's signature: u (B, L, C), transform length n, mask (B, L, 1) or None."""
-        if channels != ALL_CHANNELS:
-            raise ValueError(
-                f"conditioning_norm needs all {self.time_norm.normalized_shape[0]} channels at once; this input "
-                f"({u.shape[0]} x {n} positions) is mixed a group of channels at a time. Use a smaller batch."
-            )
         key = self.time_norm(self.inner.time_conv(u, mask, u.shape[1] == n))
         spectrum = forward_transform(masked(key, mask), self.inner.transform, n).abs()
         return self.freq_norm(self.inner.freq_conv(spectrum))

@@ -30,7 +30,7 @@ BUILD_FIELDS = (
     *(field.name for field in fields(OperatorSettings)),
     "hidden_size", "num_hidden_layers", "intermediate_size", "hidden_act", "hidden_dropout_prob",
     "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pre_norm", "mlp_type", "mlp_num_blocks",
-    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels", "chunk_size_feed_forward",
+    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels",
 )  # fmt: skip
 
 # The CIFAR-10 models of Table 4.5 / C.3 differ only in width. As for ImageNet (Sec. 4.3), the MLPs are block-diagonal
@@ -157,11 +157,6 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification. The
     default stays ``"first"`` (a config.json without the field gets it); the recipe for one's own data sets ``"mean"``
     for a new head (docs/model.md, "Pooling").
-    ``chunk_size_feed_forward``: everything after each layer's mixer (the residual sums, the LayerNorms and the MLP)
-    acts on each token alone, and runs on runs of this many tokens of the flattened (batch x length) input; 0 runs it
-    on all tokens at once. The default keeps the MLP's intermediate tensors (``tokens x 2 intermediate_size`` for
-    the GLU) below the size at which glibc's allocator maps fresh pages on every call, which on long inputs cost
-    about as much as the pass that fills them. (transformers' BERT reads the same field as positions per chunk.)
     """
 
     model_type = "orchid"
@@ -189,7 +184,6 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     image_size: int | None = None
     patch_size: int | None = None
     num_channels: int = 3
-    chunk_size_feed_forward: int = 1024
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
@@ -262,11 +256,6 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
-        if not is_integer(self.chunk_size_feed_forward) or self.chunk_size_feed_forward < 0:
-            raise ValueError(
-                "OrchidConfig.chunk_size_feed_forward must be a non-negative integer (tokens per chunk; 0 for none), "
-                f"got {self.chunk_size_feed_forward!r}"
-            )
         if not is_integer(self.type_vocab_size) or self.type_vocab_size < 0:
             raise ValueError(
                 f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"

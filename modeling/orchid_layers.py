@@ -2,7 +2,7 @@
 NeurIPS 2024), in the order of the paper: the short convolution, the static implicit filter (Remark 3.2), the
 conditioning network (Sec. 3.2, Eq. 2-4), the operator (Sec. 3.3 and Listing 1), and the block-diagonal linear layer
 of the MLPs. Section and equation numbers refer to that paper. The operations these modules call (transforms,
-convolutions, masks, recomputation in backward) are in ``orchid_ops.py``.
+convolutions, masks) are in ``orchid_ops.py``.
 
 Every module here is plain PyTorch: each projection and convolution is a module that is called, and nothing derived
 from a parameter outlives a call, so hooks, peft, quantisation, pruning, fused optimizers and ``.data`` edits see the
@@ -24,18 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .orchid_ops import (
-    ALL_CHANNELS,
+    SequenceLayout,
     dct,
     forward_transform,
-    front_packing_order,
-    gate_channels,
     gated_long_convolution,
-    gather_rows,
-    in_channel_groups,
     kernel_spectrum,
     long_convolution,
     masked,
-    scatter_rows,
     short_convolution,
 )
 
@@ -108,15 +103,11 @@ class ShortConvolution(nn.Module):
         bound = 1 / math.sqrt(self.kernel_size)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(
-        self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
-        transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
-        of the layer's channels x holds (the operator mixes long inputs a group of channels at a time)."""
+        transform is zero-padded to it, so its circle closes over zeros."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight, bias = self.weight[channels].to(x.dtype), self.bias[channels].to(x.dtype)
-        return short_convolution(x, weight, bias, self.circular and wrap)
+        return short_convolution(x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.circular and wrap)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel_size={self.kernel_size}, circular={self.circular}"
@@ -130,11 +121,9 @@ class ShortConvolutionStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ShortConvolution(channels, kernel_size, circular) for _ in range(depth))
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(masked(x, mask), wrap, channels)
+            x = layer(masked(x, mask), wrap)
         return masked(x, mask)
 
 
@@ -264,9 +253,9 @@ class ImplicitFilter(DerivedBuffers):
         rates = torch.linspace(*self.decay_rates, self.channels, dtype=torch.float32, device="cpu")
         return {"decay_lags": lags, "channel_rates": rates}
 
-    def envelope(self, channels: slice = ALL_CHANNELS) -> torch.Tensor:
-        """``exp(-|t| * rate_c)`` for ``channels``, (length, channels), in float32."""
-        return torch.exp(-self.decay_lags * self.channel_rates[channels])
+    def envelope(self) -> torch.Tensor:
+        """``exp(-|t| * rate_c)``, (length, channels), in float32."""
+        return torch.exp(-self.decay_lags * self.channel_rates)
 
     def forward(self) -> torch.Tensor:
         """The kernel h0 in the time domain, (length, channels), in the filter's dtype."""
@@ -277,22 +266,34 @@ class ImplicitFilter(DerivedBuffers):
         # The skip parameter tells the filter's dtype; the constant features follow it.
         return self.ffn(self.lag_features.to(self.skip.dtype))
 
-    def spectrum(
-        self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
-        """The multiplier of ``h0 * x + skip * x`` for ``channels`` in ``dtype``: (length, channels) under the DCT,
-        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` of these channels, which the
-        operator computes once for all its channel groups without autograd; None computes it here."""
-        response = self.lag_response()[:, channels] if response is None else response
-        kernel = (response * self.envelope(channels).to(response.dtype)).to(dtype)
-        if self.listing1:
-            multiplier = dct(kernel, dim=0)
-        else:
-            multiplier = kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + self.skip[channels].to(dtype)
+    def spectrum(self, dtype: torch.dtype) -> torch.Tensor:
+        """The multiplier of ``h0 * x + skip * x`` in ``dtype``: (length, channels) under the DCT, (length // 2 + 1,
+        channels) under the FFT."""
+        kernel = self().to(dtype)
+        multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
+        return multiplier + self.skip.to(dtype)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, length={self.length}, transform={self.transform!r}"
+
+
+class FoldedFilter(nn.Module):
+    """An implicit filter folded into the multiplier it computes, for inference (``optimize_for_inference``): the
+    multiplier is a buffer computed once, where the filter would run its network on every call. It has no parameters,
+    so nothing is left that an edit of the model could make stale; a model holding one cannot be saved
+    (``save_pretrained`` refuses it), since its checkpoint would lack the filter's network."""
+
+    def __init__(self, implicit_filter: ImplicitFilter):
+        super().__init__()
+        dtype = torch.promote_types(implicit_filter.skip.dtype, torch.float32)
+        with torch.no_grad():
+            self.register_buffer("multiplier", implicit_filter.spectrum(dtype), persistent=False)
+
+    def spectrum(self, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`ImplicitFilter.spectrum`, as computed when the filter was folded (complex under the FFT)."""
+        if self.multiplier.is_complex():
+            dtype = torch.promote_types(dtype, torch.complex64)
+        return self.multiplier.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,26 +347,22 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
         self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers)
 
-    def forward(
-        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
-        for the DCT, (B, n // 2 + 1, C) complex for the FFT. Each channel is independent: ``channels`` says which of
-        the network's channels u holds."""
+        for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
-        key = forward_transform(self.time_conv(u, mask, wrap, channels), self.transform, n)
+        key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
         if self.conditioning == "abs":
-            return self.frequency_convolution(key.abs(), channels)
-        query = forward_transform(self.query_conv(u, mask, wrap, channels), self.transform, n)
-        return self.frequency_convolution(cross_spectrum(key, query, self.activation), channels)
+            return self.frequency_convolution(key.abs())
+        query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
+        return self.frequency_convolution(cross_spectrum(key, query, self.activation))
 
-    def frequency_convolution(self, spectrum: torch.Tensor, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+    def frequency_convolution(self, spectrum: torch.Tensor) -> torch.Tensor:
         """Conv1d_freq: a real convolution over frequency, on the real and imaginary parts alike of a complex
         spectrum."""
         if torch.is_complex(spectrum):
-            real = self.freq_conv(spectrum.real, channels=channels)
-            return torch.complex(real, self.freq_conv(spectrum.imag, channels=channels))
-        return self.freq_conv(spectrum, channels=channels)
+            return torch.complex(self.freq_conv(spectrum.real), self.freq_conv(spectrum.imag))
+        return self.freq_conv(spectrum)
 
 
 def cross_spectrum(key: torch.Tensor, query: torch.Tensor, activation: str) -> torch.Tensor:
@@ -471,8 +468,8 @@ class OrchidOperator(nn.Module):
 
     The transform length N is ``max_len`` whatever the input length: shorter inputs are zero-padded, and positions
     where ``attention_mask`` is 0 are set to zero before every sequence-mixing step, so that a sequence's output does
-    not depend on the padding of its batch. Rows padded on the left are moved to the front and back
-    (:func:`front_packing_order`). Transforms run in float32 at least, also under autocast and in bf16 models:
+    not depend on the padding of its batch. Rows padded on the left are mixed with their real tokens moved to the
+    front (:class:`SequenceLayout`). Transforms run in float32 at least, also under autocast and in bf16 models:
     ``torch.fft`` has no bfloat16.
     """
 
@@ -537,91 +534,64 @@ class OrchidOperator(nn.Module):
         attention_mask: torch.Tensor | None = None,
         conditioning_input: torch.Tensor | None = None,
         conditioning_mask: torch.Tensor | None = None,
-        rows_packed: bool = False,
+        layout: SequenceLayout | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d), 1 <= L <= max_len; attention_mask: (B, L), 1 for real tokens and 0 for padding; returns
         (B, L, d).
 
         ``conditioning_input`` u (B, L_u, d), L_u <= max_len, makes the kernel h_theta(u) instead of h_theta(v)
         (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
-        ``rows_packed=True`` says that every row of x already has its real tokens first (``OrchidModel`` packs the rows
-        once per call, for all its layers), so the operator does not look for rows to pack.
+
+        ``layout`` is where the real tokens of x are (:class:`SequenceLayout`), as ``OrchidModel`` passes it to every
+        layer: the model checks its inputs and computes the layout once per call, and the operator then reads neither
+        ``attention_mask`` nor anything else of its inputs' values. Without it, the operator checks its inputs and
+        computes the layout from ``attention_mask`` itself.
         """
-        self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
-        order = None if rows_packed else front_packing_order(attention_mask)
-        if order is not None:
-            x, attention_mask = gather_rows(x, order), gather_rows(attention_mask, order)
-        y = self._mix(x, attention_mask, conditioning_input, conditioning_mask)
-        return y if order is None else scatter_rows(y, order)
+        if layout is None:
+            self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
+            layout = SequenceLayout.from_mask(attention_mask)
+        y = self._mix(layout.pack(x), layout.mask, conditioning_input, conditioning_mask)
+        return layout.unpack(y)
 
     def _mix(
         self,
         x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        mask: torch.Tensor | None,
         conditioning_input: torch.Tensor | None,
         conditioning_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Listing 1 on rows whose real tokens come first: the projections here, the rest per channel."""
-        mask = None if attention_mask is None else attention_mask.bool().unsqueeze(-1)  # (B, L, 1)
+        """Listing 1 on rows whose real tokens come first, ``mask`` (B, L, 1) marking them: the short convolution, the
+        kernel h = h0 + h_theta(v) in the transform domain, ``y = s2 * (h * (s1 * v))``, the residual long
+        convolution of the block input (App. C.3), and the two projections."""
+        n = self.max_len
         # Padded positions are cleared first: a NaN there would otherwise reach the weights' gradients through in_proj.
         x = masked(x, mask)
         projected = masked(self.in_proj(x), mask)  # s1, s2 and v before the short convolution
         source, source_mask = projected[..., 2 * self.d_model :], mask  # h_theta reads v (Listing 1)
         if conditioning_input is not None:  # or another sequence (Remark 3.3)
             source, source_mask = self._project_value(conditioning_input, conditioning_mask)
-        static = residual = None  # under autograd, computed in the recomputed step: backward keeps neither
-        if not torch.is_grad_enabled():  # computed once for all channel groups
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                static = self.static_filter.lag_response()
-                residual = None if self.residual_filter is None else self.residual_filter.lag_response()
-        channel_inputs = {
-            "x": x,
-            "gates": projected.unflatten(-1, (3, self.d_model)),
-            "source": None if self.conditioning is None else source,
-            "static": static,
-            "residual": residual,
-        }
-        y = in_channel_groups(
-            self._mix_channels,
-            channel_inputs,
-            {"mask": mask, "source_mask": source_mask},
-            tokens=x.shape[0] * self.max_len,
-            recomputed_modules=(self.short_conv, self.conditioning, self.static_filter, self.residual_filter),
-        )
-        return self.out_proj(y)
-
-    def _mix_channels(self, channels, x, gates, source, static, residual, mask, source_mask) -> torch.Tensor:
-        """Listing 1 between the projections, for ``channels`` (the inputs hold those channels only): the short
-        convolution, the kernel h = h0 + h_theta(v) in the transform domain, ``y = s2 * (h * (s1 * v))``, and the
-        residual long convolution of the block input (App. C.3)."""
-        n = self.max_len
         wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
-        gated = self.short_conv(gates.flatten(-2), wrap, gate_channels(channels, self.d_model, x.device))
-        s1, s2, v = gated.chunk(3, dim=-1)
+        s1, s2, v = self.short_conv(projected, wrap).chunk(3, dim=-1)
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            kernel = self.static_filter.spectrum(dtype, static, channels)
+            kernel = self.static_filter.spectrum(dtype)
             if self.conditioning is not None:
-                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask, channels)
+                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask)
             y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
             if self.residual_filter is not None:
-                multiplier = self.residual_filter.spectrum(dtype, residual, channels)
-                y = y + long_convolution(x.to(dtype), multiplier, self.transform, n)
-        return masked(y, mask).to(x.dtype)
+                y = y + long_convolution(x.to(dtype), self.residual_filter.spectrum(dtype), self.transform, n)
+        return self.out_proj(masked(y, mask).to(x.dtype))
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The cross-conditioning sequence u projected like v (Remark 3.3), zero-padded to the transform length,
-        which Remark 3.3 reads as interpolation in frequency; and its mask (B, L_u, 1)."""
-        order = front_packing_order(conditioning_mask)
-        if order is not None:
-            conditioning_input = gather_rows(conditioning_input, order)
-            conditioning_mask = gather_rows(conditioning_mask, order)
-        mask = None if conditioning_mask is None else conditioning_mask.bool().unsqueeze(-1)
+        """The cross-conditioning sequence u projected like v (Remark 3.3), its real tokens first, zero-padded to the
+        transform length, which Remark 3.3 reads as interpolation in frequency; and its mask (B, L_u, 1)."""
+        layout = SequenceLayout.from_mask(conditioning_mask)
         # The in_proj module is called whole, so that its hooks and adapters act here as well; v is its last third.
-        return masked(self.in_proj(conditioning_input)[..., 2 * self.d_model :], mask), mask
+        value = self.in_proj(layout.pack(conditioning_input))[..., 2 * self.d_model :]
+        return masked(value, layout.mask), layout.mask
 
     def _check_inputs(
         self,

@@ -1,6 +1,6 @@
 """The operations of the Orchid layer, each a function of tensors: the transforms (DCT and FFT), the long and short
-convolutions, masks and the packing of padded rows, channel groups, and the steps that keep less for backward by
-recomputing in it. ``modeling/orchid_layers.py`` builds the modules of the paper from these.
+convolutions, and masks and the order of padded rows. ``modeling/orchid_layers.py`` builds the modules of the paper
+from these.
 
 Each fast operation has a plain reference beside it, named ``*_ref``, written the way the paper defines it (matrix
 transforms, direct sums over lags); the tests compare the two. The references are slow and are never called by the
@@ -12,14 +12,11 @@ that it ships to the Hub as remote code.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 try:  # optional: the DCT on the CPU, see `dct`
     import scipy.fft as scipy_fft
@@ -282,82 +279,62 @@ def gated_long_convolution(
 
 
 # ---------------------------------------------------------------------------------------------
-# Masks and channel groups
+# Masks and the order of padded rows
 # ---------------------------------------------------------------------------------------------
 
-# Every step between the operator's projections acts on each channel alone. On long inputs the operator runs them for
-# groups of channels in turn, each group's tensors holding about this many numbers (2 MiB in float32) and at least
-# MIN_CHANNEL_GROUP channels: small tensors stay in cache and reuse freed memory, where sequence-sized ones (48 MiB at
-# 16K tokens and width 768) would take fresh pages from the operating system on every call.
-CHANNEL_GROUP_ELEMENTS = 2**19
-MIN_CHANNEL_GROUP = 32
-ALL_CHANNELS = slice(None)
+
+def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
+    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
+    return x if mask is None else x.masked_fill(~mask, 0.0)
 
 
-def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice | torch.Tensor:
-    """The channels of a (3 d_model)-wide tensor, such as in_proj's output, that hold the gates s1, s2 and the value v
-    of ``channels``: all of them, or an index of the three runs."""
-    if channels == ALL_CHANNELS:
-        return ALL_CHANNELS
-    index = torch.arange(channels.start, channels.stop, device=device)
-    return torch.cat([index, index + d_model, index + 2 * d_model])
+def packing_order(real: torch.Tensor) -> torch.Tensor:
+    """For each row of the boolean mask ``real`` (B, L), the positions of its real tokens in order followed by those
+    of its padding, (B, L): ``gather_rows(x, order)`` puts every row's real tokens first.
+
+    Each position's place in that order comes from running counts of real and padded positions, and the order is its
+    inverse, written by one scatter: a sort would do the same, but its stable form has no ONNX translation."""
+    real = real.bool()
+    count = real.sum(dim=1, keepdim=True)
+    place = torch.where(real, real.cumsum(dim=1) - 1, count + (~real).cumsum(dim=1) - 1)
+    positions = torch.arange(real.shape[1], device=real.device).expand_as(place)
+    return torch.empty_like(place).scatter_(1, place, positions)
 
 
-def channel_groups(channels: int, tokens: int) -> list[slice]:
-    """Consecutive ranges of ``channels`` whose (tokens, group) tensors hold about ``CHANNEL_GROUP_ELEMENTS`` numbers;
-    all channels at once where that would make fewer than four groups, which would save little."""
-    width = max(CHANNEL_GROUP_ELEMENTS // tokens // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP, MIN_CHANNEL_GROUP)
-    if 4 * width > channels:
-        return [ALL_CHANNELS]
-    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
-
-
-def in_channel_groups(
-    function: Callable[..., torch.Tensor],
-    channel_inputs: dict[str, torch.Tensor | None],
-    shared_inputs: dict[str, torch.Tensor | None],
-    tokens: int,
-    recomputed_modules: tuple[nn.Module | None, ...] = (),
-) -> torch.Tensor:
-    """``function(channels, **channel_inputs, **shared_inputs)`` for all channels, joined along the last axis.
-
-    Every tensor of ``channel_inputs`` holds the channels along its last axis; ``shared_inputs`` (masks) go whole to
-    every call. Under autograd it is one call, recomputed in backward (:func:`recomputed_in_backward`, with
-    ``recomputed_modules`` the modules ``function`` calls). Without autograd, long inputs (``tokens`` positions per
-    channel) run a group of channels at a time (:func:`channel_groups`). Under autograd, groups would save no memory,
-    only add copies and the joining of the groups' gradients in backward. Both ways give the same results."""
-    if torch.is_grad_enabled():
-        inputs = {**channel_inputs, **shared_inputs}
-        return recomputed_in_backward(function, ALL_CHANNELS, modules=recomputed_modules, **inputs)
-    width = next(tensor.shape[-1] for tensor in channel_inputs.values() if tensor is not None)
-    groups = channel_groups(width, tokens)
-    if len(groups) == 1:
-        return function(ALL_CHANNELS, **channel_inputs, **shared_inputs)
-    # Split at once: one pass over each input instead of one strided copy per group.
-    sizes = [len(range(width)[channels]) for channels in groups]
-    splits = {name: None if t is None else t.split(sizes, dim=-1) for name, t in channel_inputs.items()}
-    outputs = [
-        function(channels, **{name: None if s is None else s[i] for name, s in splits.items()}, **shared_inputs)
-        for i, channels in enumerate(groups)
-    ]
-    return torch.cat(outputs, dim=-1)
-
-
-def front_packing_order(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """For each row, the positions of its real tokens in order followed by its padding, (B, L); None when every row
-    already has its real tokens first (right padding or none).
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Where the real tokens of a padded batch are, as the operator mixes it: computed once per call from the
+    attention mask (by ``OrchidModel`` for all its layers, or by an ``OrchidOperator`` called on its own).
 
     Orchid mixes each sequence through a transform of fixed length from position 0, so the same tokens give the same
-    outputs only if they start at position 0: rows padded on the left (or with holes) are gathered into this order
-    before mixing and scattered back after."""
-    if attention_mask is None:
-        return None
-    real = attention_mask.bool()
-    # Under torch.compile the order is always taken (the identity for right padding): a graph cannot branch on data.
-    if not torch.compiler.is_compiling() and bool((real[:, 1:] <= real[:, :-1]).all()):
-        return None
-    # A stable sort of "is padding" keeps the real tokens, then the padding, each in their order.
-    return torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
+    outputs only if they start at position 0: rows padded on the left (or with holes) are gathered into ``order``
+    before mixing and scattered back after. ``mask`` (B, L, 1, bool) marks the real positions in that order."""
+
+    mask: torch.Tensor | None = None
+    order: torch.Tensor | None = None
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor | None) -> SequenceLayout:
+        """The layout of a batch whose ``attention_mask`` (B, L) holds only 0 and 1 (checked by the caller). Eager,
+        ``order`` is None where every row already has its real tokens first (right padding or none), which costs one
+        read of a value on the host; compiled, the order is always taken (the identity for right padding), since a
+        graph cannot branch on data."""
+        if attention_mask is None:
+            return cls()
+        real = attention_mask.bool()
+        if not torch.compiler.is_compiling() and bool((real[:, 1:] <= real[:, :-1]).all()):
+            return cls(mask=real.unsqueeze(-1))
+        order = packing_order(real)
+        return cls(mask=gather_rows(real, order).unsqueeze(-1), order=order)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, L, ...) with each row's real tokens first."""
+        return x if self.order is None else gather_rows(x, self.order)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`pack`: x back in the caller's order."""
+        return x if self.order is None else scatter_rows(x, self.order)
 
 
 def gather_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -371,11 +348,6 @@ def scatter_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
     return torch.empty_like(x).scatter_(1, index, x)
 
-
-def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
-    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
-    return x if mask is None else x.masked_fill(~mask, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,151 +388,6 @@ def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> t
     head = F.pad(x, [0, 0, 0, pad])[:, :pad]
     zero = x.new_zeros(())
     return torch.cat([torch.where(select, tail, zero), x, torch.where(select, head, zero)], dim=1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Keeping less for backward: recomputation
-# ---------------------------------------------------------------------------------------------
-
-
-def observed(modules: tuple[nn.Module | None, ...]) -> bool:
-    """Whether a hook would notice that the forward of ``modules`` (and their submodules) runs again in backward:
-    any forward or backward hook on them, or a global module hook."""
-    module_hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    global_hooks = tuple(f"_global{name}" for name in module_hooks) + ("_global_forward_hooks_always_called",)
-    if any(getattr(nn.modules.module, name, None) for name in global_hooks):
-        return True
-    return any(
-        getattr(submodule, name) for module in modules if module is not None
-        for submodule in module.modules() for name in module_hooks
-    )  # fmt: skip
-
-
-def recomputed_in_backward(function: Callable[..., torch.Tensor], *args, modules=(), **kwargs) -> torch.Tensor:
-    """``function(*args, **kwargs)``, keeping only its inputs for backward and recomputing what it computed from them
-    when backward needs it (a non-reentrant :func:`torch.utils.checkpoint.checkpoint`).
-
-    The operator runs everything between its projections through this: written out, autograd would keep the short
-    convolution's output, the conditioning network's spectra, the kernel, and the transform of each long
-    convolution's input, each the size of an activation; recomputed, it keeps the input projection's output, which
-    the short convolution's backward needs anyway. ``modules`` are the modules ``function`` calls: where a hook
-    watches one of them (:func:`observed`), running it again would fire the hook twice, so the call is a plain one,
-    as it is without autograd. Both ways give the same results."""
-    inputs = (*args, *kwargs.values())
-    needs_grad = any(isinstance(value, torch.Tensor) and value.requires_grad for value in inputs) or any(
-        parameter.requires_grad for module in modules if module is not None for parameter in module.parameters()
-    )
-    if torch.is_grad_enabled() and needs_grad and not observed(modules):
-        return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-    return function(*args, **kwargs)
-
-
-class GatedActivation(torch.autograd.Function):
-    """The GLU of M2-BERT's MLP, ``act(gate) * value`` with ``gate, value = hidden.chunk(2, -1)``, saving only
-    ``hidden`` for backward.
-
-    Written out by autograd, the GLU saves ``act(gate)`` as well (half the size of ``hidden``), and the gradients of
-    the two halves are joined by a concatenation in backward. Here the backward recomputes ``act(gate)``, which costs
-    one elementwise pass, and writes both halves of the gradient into one tensor. The results equal the written-out
-    GLU's, gradients included; double backward works (a ``create_graph`` backward is differentiable).
-
-    ``act`` is the MLP's activation module, called as a module in forward and through its ``forward`` when backward
-    recomputes it; a hook on it would see only the first call, so the MLP writes the GLU out where ``act`` has one.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, act: nn.Module) -> torch.Tensor:
-        ctx.act = act
-        ctx.save_for_backward(hidden)
-        gate, value = hidden.chunk(2, dim=-1)
-        return act(gate) * value
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (hidden,) = ctx.saved_tensors
-        gate, value = hidden.chunk(2, dim=-1)
-        if torch.is_grad_enabled():  # backward(create_graph=True): build the gradient from differentiable steps
-            activated = ctx.act.forward(gate)
-            (grad_gate,) = torch.autograd.grad(activated, gate, grad * value, create_graph=True)
-            return torch.cat([grad_gate, grad * activated], dim=-1), None
-        with torch.enable_grad():
-            leaf = gate.detach().requires_grad_(True)
-            activated = ctx.act.forward(leaf)
-        grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-        grad_gate, grad_value = grad_hidden.chunk(2, dim=-1)
-        torch.mul(grad, activated.detach(), out=grad_value)
-        (local,) = torch.autograd.grad(activated, leaf, grad * value)
-        grad_gate.copy_(local)
-        return grad_hidden, None
-
-
-class RecomputedOnUnpack:
-    """What autograd keeps for a tensor saved in :func:`saved_as_recomputation`: its view of the recomputed tensor."""
-
-    def __init__(self, recomputation: SavedAsRecomputation, size, stride, offset: int):
-        self.recomputation, self.size, self.stride, self.offset = recomputation, size, stride, offset
-
-
-class SavedAsRecomputation:
-    """The saved-tensor hooks of :func:`saved_as_recomputation`."""
-
-    def __init__(self, output: torch.Tensor, recompute: Callable[[], torch.Tensor], source: torch.Tensor):
-        self.storage = output.untyped_storage().data_ptr()
-        self.dtype, self.stride, self.offset = output.dtype, output.stride(), output.storage_offset()
-        self.recompute, self.source, self.version = recompute, source, source._version
-        self.pending, self.value = 0, None
-
-    def pack(self, tensor: torch.Tensor):
-        if tensor.dtype != self.dtype or tensor.untyped_storage().data_ptr() != self.storage:
-            return tensor
-        self.pending += 1
-        return RecomputedOnUnpack(self, tensor.shape, tensor.stride(), tensor.storage_offset() - self.offset)
-
-    def unpack(self, packed):
-        if not isinstance(packed, RecomputedOnUnpack):
-            return packed
-        if self.source._version != self.version:
-            raise RuntimeError(
-                "a tensor needed for gradient computation was modified by an inplace operation: the input of a "
-                "step that recomputes its output in backward (saved_as_recomputation)"
-            )
-        if self.value is None or torch.is_grad_enabled():
-            # A backward that builds a graph (create_graph=True) gets a recomputation linked to the source's graph.
-            value = self.recompute()
-            if value.stride() != self.stride:
-                raise RuntimeError(f"recomputed output has strides {value.stride()}, the original {self.stride}")
-            if torch.is_grad_enabled():
-                return value.as_strided(packed.size, packed.stride, packed.offset)
-            self.value = value
-        view = self.value.as_strided(packed.size, packed.stride, packed.offset)
-        self.pending -= 1
-        if self.pending <= 0:  # every saved view is unpacked: free the recomputed tensor
-            self.value = None
-        return view
-
-
-def saved_as_recomputation(
-    output: torch.Tensor, recompute: Callable[[], torch.Tensor], source: torch.Tensor, modules=()
-) -> contextlib.AbstractContextManager:
-    """A context in which autograd does not keep ``output`` (or any view of it) for backward: what the operations in
-    the context save of it is recomputed by ``recompute()`` from ``source`` when backward needs it.
-
-    The MLP's down projection runs in one: written out, its backward keeps its input, the GLU's output (half the size
-    of the GLU's input, which is kept anyway); one elementwise pass recomputes it. Where other saved-tensor hooks are
-    active (gradient checkpointing, offloading), where a hook watches ``modules`` (it might change ``output`` in
-    place), under torch.compile (which plans memory itself) and without autograd, it does nothing. An in-place change
-    of ``source`` before backward raises, as autograd does for tensors it keeps."""
-    outer_hooks = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-    if (
-        not torch.is_grad_enabled()
-        or not output.requires_grad
-        or torch.compiler.is_compiling()
-        or outer_hooks
-        or observed(modules)
-    ):
-        return contextlib.nullcontext()
-    hooks = SavedAsRecomputation(output, recompute, source)
-    return torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,8 +448,3 @@ def short_convolution_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         pad = 0
     return F.conv1d(signal, weight, bias, padding=pad, groups=weight.shape[0]).transpose(1, 2)
 
-
-def gated_activation_ref(hidden: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """:class:`GatedActivation` as autograd records it: ``act(gate) * value``."""
-    gate, value = hidden.chunk(2, dim=-1)
-    return act(gate) * value

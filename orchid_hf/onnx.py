@@ -36,7 +36,6 @@ from .modeling import (
     OrchidOperator,
     OrchidPreTrainedModel,
 )
-from .modeling.modeling_orchid import OrchidLayer
 
 # The outputs of each exportable class, in the order of the graph's outputs.
 OUTPUT_NAMES: dict[type, tuple[str, ...]] = {
@@ -67,19 +66,10 @@ def require_onnx(module: str = "onnxruntime"):
 def exportable(model) -> nn.Module:
     """``model`` itself if :func:`export_onnx` can export it; otherwise a ValueError naming the part that cannot be
     exported and what to export instead."""
-    from .inference import FrozenWeight
-
     if not isinstance(model, tuple(OUTPUT_NAMES)):
         names = ", ".join(cls.__name__ for cls in OUTPUT_NAMES)
         hint = "; merge its peft adapters first (merge_and_unload())" if hasattr(model, "peft_config") else ""
         raise ValueError(f"export_onnx exports Orchid models ({names}), got {type(model).__name__}{hint}")
-    if any(isinstance(parameter, FrozenWeight) for parameter in model.parameters()):
-        raise ValueError(
-            "this model was made by optimize_for_inference, whose CPU paths (pocketfft in place, oneDNN's packed "
-            "weights) cannot be traced into a graph; export the plain model (the one optimize_for_inference was "
-            "given, or a plain model loaded from the same weights): it gives the same outputs, and ONNX Runtime "
-            "optimises the graph itself"
-        )
     for name, module in model.named_modules():
         if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
             raise ValueError(
@@ -182,45 +172,18 @@ def dynamic_axes(model: nn.Module) -> dict[str, dict[int, str]]:
 
 
 @contextlib.contextmanager
-def tracing_state(model: nn.Module) -> Iterator[None]:
-    """The model as it is traced, restored afterwards: eval mode; parameters that do not require grad, traced with
-    grad mode on, so that the operator mixes all channels at once (its channel groups depend on the batch size
-    without autograd) and runs its long convolutions without recomputation; and every layer's feed-forward on all
-    tokens at once (its chunks depend on batch x length). Neither changes the outputs; both would otherwise tie
-    the graph to the example's shape."""
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode (no dropout) while it is traced, in its own mode afterwards."""
     training = model.training
-    requires_grad = [(p, p.requires_grad) for p in model.parameters()]
-    chunks = [(layer, layer.chunk_size_feed_forward) for layer in model.modules() if isinstance(layer, OrchidLayer)]
     try:
-        model.eval()
-        for parameter, _ in requires_grad:
-            parameter.requires_grad_(False)
-        for layer, _ in chunks:
-            layer.chunk_size_feed_forward = 0
-        with torch.enable_grad():
-            yield
+        yield model.eval()
     finally:
-        for layer, size in chunks:
-            layer.chunk_size_feed_forward = size
-        for parameter, flag in requires_grad:
-            parameter.requires_grad_(flag)
         model.train(training)
 
 
 # ---------------------------------------------------------------------------------------------
 # Export
 # ---------------------------------------------------------------------------------------------
-
-
-def stable_sort(self, dim: int = -1, descending: bool = False, stable: bool = False):
-    """``aten::sort.stable`` in ONNX, which torch's exporter lacks: ``TopK`` over the whole axis, whose ties keep the
-    order of their indices (the ONNX specification), as a stable sort does. The model sorts its 0/1 padding flags
-    this way to move each row's real tokens to the front (``front_packing_order``)."""
-    from onnxscript.onnx_opset import opset18 as op
-
-    size = op.Reshape(op.Gather(op.Shape(self), dim, axis=0), op.Constant(value_ints=[1]))
-    values, indices = op.TopK(op.Cast(self, to=1), size, axis=dim, largest=descending, sorted=True)  # 1: float
-    return op.CastLike(values, self), indices
 
 
 def load_for_export(model_or_path) -> nn.Module:
@@ -267,10 +230,9 @@ def export_onnx(
     more than ``atol``. ``optimize``: let onnxscript's optimizer fold constants (the static filters' spectra) and
     simplify the graph. ``opset_version``: the exporter's default if None.
 
-    Refused with a ValueError naming the part: a model made by ``optimize_for_inference`` (export the plain model),
-    quantised modules (quantise the ONNX graph instead), parameters in another dtype than float32, anything that is
-    not an Orchid model (a peft model: merge its adapters first). The model is traced in eval mode and left as
-    it was.
+    Refused with a ValueError naming the part: quantised modules (quantise the ONNX graph instead), parameters in
+    another dtype than float32, anything that is not an Orchid model (a peft model: merge its adapters first). The
+    model is traced in eval mode and left as it was.
     """
     require_onnx("onnx")
     require_onnx("onnxscript")
@@ -291,7 +253,7 @@ def export_onnx(
         "length": torch.export.Dim("length", min=1, max=length),
     }
     wrapper = ExportedForward(model)
-    with tracing_state(model):
+    with eval_mode(model):
         program = torch.export.export(
             wrapper,
             tuple(tensor.to(device) for tensor in example.values()),
@@ -308,7 +270,6 @@ def export_onnx(
             dynamic_shapes=(tuple(axes[key] for key in example),),
             opset_version=opset_version,
             optimize=optimize,
-            custom_translation_table={torch.ops.aten.sort.stable: stable_sort},
             verbose=False,
         )
     check_dynamic_axes(onnx_program.model, axes)
