@@ -32,6 +32,7 @@ from transformers import (  # noqa: E402
 from .arguments import ModelArguments, RecipeArguments, parse_recipe_arguments  # noqa: E402
 from .data_files import (  # noqa: E402
     DataFile,
+    check_column_type,
     check_labels_present,
     fill_empty_text,
     locate,
@@ -483,6 +484,7 @@ def load_own_data(
                 "name it with --label_column_name"
             )
         check_labels_present(raw[split], sources[split], label)
+        check_column_type(raw[split], sources[split], label, "label")
     sentence_keys = _own_text_columns(data_args, raw[reference].column_names, raw[reference], sources[reference])
     for split, dataset in raw.items():
         text = [key for key in sentence_keys if key is not None]

@@ -224,22 +224,32 @@ def stable_sort(self, dim: int = -1, descending: bool = False, stable: bool = Fa
 
 
 def load_for_export(model_or_path) -> nn.Module:
-    """An Orchid model, or one loaded from a saved folder (or Hub id) as the class its config names."""
+    """An Orchid model, or one loaded from a saved folder (or Hub id) as the class its config names (``OrchidModel``
+    where it names none); a ValueError for another model type or a class :func:`export_onnx` does not export."""
     if isinstance(model_or_path, nn.Module):
         return model_or_path
     from transformers import AutoConfig
-
-    import orchid_hf
 
     from .hub import from_pretrained
 
     how_to_local = "Pass a folder written by save_pretrained."
     path = os.fspath(model_or_path)
     config = from_pretrained(AutoConfig, path, what="model", how_to_local=how_to_local)
-    names = [name for name in (getattr(config, "architectures", None) or []) if hasattr(orchid_hf, name)]
-    cls = getattr(orchid_hf, names[0]) if names else OrchidModel
-    if not issubclass(cls, OrchidPreTrainedModel):
-        raise ValueError(f"{path} holds a {cls.__name__}, not an Orchid model")
+    architectures = list(getattr(config, "architectures", None) or [])
+    if config.model_type != "orchid":
+        raise ValueError(
+            f"export_onnx exports Orchid models; {path} holds a {config.model_type!r} model "
+            f"({', '.join(architectures) or 'no architectures in its config'}); export it with Hugging Face optimum "
+            f"(optimum-cli export onnx --model {path} OUTPUT_DIR)"
+        )
+    classes = {cls.__name__: cls for cls in OUTPUT_NAMES if issubclass(cls, OrchidPreTrainedModel)}
+    names = [name for name in architectures if name in classes]
+    if architectures and not names:
+        raise ValueError(
+            f"{path}: its config.architectures names {architectures}, none of the classes export_onnx exports "
+            f"({', '.join(classes)})"
+        )
+    cls = classes[names[0]] if names else OrchidModel
     return from_pretrained(cls, path, what="model", how_to_local=how_to_local, config=config)
 
 

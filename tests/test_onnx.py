@@ -4,6 +4,7 @@ compared with PyTorch; the DCT and FFT as the graph's DFT operators; and the cle
 quantised model, another dtype, a missing extra)."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -164,6 +165,32 @@ def test_other_dtypes_quantised_layers_and_other_models_are_refused_by_name(tmp_
     with pytest.raises(ValueError, match=r"path must end in .onnx, got '.*model.pt'"):
         export_onnx(OrchidModel(text_config("fft")), tmp_path / "model.pt")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_folder_of_another_model_type_or_a_foreign_architecture_is_refused_by_name(tmp_path, capsys):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = tmp_path / "bert"
+    BertForSequenceClassification(
+        BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(bert)
+    message = r"exports Orchid models; .*bert holds a 'bert' model \(BertForSequenceClassification\).*optimum"
+    with pytest.raises(ValueError, match=message):
+        export_onnx(bert, tmp_path / "bert.onnx")
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stop:
+        patch.setattr(sys, "argv", ["export_onnx.py", str(bert), str(tmp_path / "bert.onnx")])
+        run_cli(load_script().main)
+    assert stop.value.code == 1 and "holds a 'bert' model" in capsys.readouterr().err
+    # An Orchid config whose architectures name a function of the package, or a class it does not have.
+    for name in ("push_to_hub", "OrchidForCausalLM"):
+        folder = tmp_path / name
+        OrchidForSequenceClassification(text_config("dct")).save_pretrained(folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": [name]}))
+        with pytest.raises(ValueError, match=rf"architectures names \['{name}'\], none of the classes export_onnx "
+                                             r"exports \(OrchidModel, OrchidForMaskedLM, "):
+            export_onnx(folder, tmp_path / "model.onnx")
+    assert not list(tmp_path.glob("*.onnx"))
 
 
 @pytest.mark.parametrize("module", ["onnx", "onnxscript", "onnxruntime"])

@@ -136,6 +136,23 @@ def test_text_column_of_numbers_is_an_error(tmp_path, tokenizer_dir):
         _own(tmp_path, tokenizer_dir, path, dev, "--text_column_names", "sentence")
 
 
+@pytest.mark.parametrize(
+    "column, values, found",
+    [
+        ("label", [1, "1"], r"integer \(line 1\), string \(line 2\)"),
+        ("label", [0, 1, [1]], r"integer \(line 1\), list \(line 3\)"),
+        ("sentence", ["a b", 3], r"string \(line 1\), integer \(line 2\)"),
+    ],
+)
+def test_a_json_column_of_mixed_types_names_the_types_and_their_lines(tmp_path, tokenizer_dir, column, values, found):
+    rows = [{"sentence": "a b", "label": 0, column: value} for value in values]
+    path = _jsonl(tmp_path / "train.jsonl", rows)
+    dev = _jsonl(tmp_path / "dev.jsonl", [{"sentence": "a", "label": 0}])
+    what = "label" if column == "label" else "text"
+    with pytest.raises(ValueError, match=rf"train file {path}: the {what} column '{column}' mixes JSON types: {found}"):
+        _own(tmp_path, tokenizer_dir, path, dev)
+
+
 def test_validation_and_test_files_are_checked_too(tmp_path, tokenizer_dir):
     train = _write(tmp_path / "train.csv", GOOD_CSV)
     dev = _write(tmp_path / "dev.csv", "sentence,label\nthe cat,0\nthe dog,2\n")
@@ -231,6 +248,10 @@ def test_pretraining_text_column_problems(tmp_path, tokenizer_dir):
     path = _jsonl(tmp_path / "corpus.jsonl", [{"text": 1}, {"text": 2}])
     with pytest.raises(ValueError, match=rf"train file {path}: the text column 'text' holds int64 values"):
         _pretrain(tmp_path, tokenizer_dir, path)
+    document = _write(tmp_path / "corpus.json", json.dumps([{"text": "a b c"}, {"text": ["d", "e"]}]))
+    with pytest.raises(ValueError, match=rf"train file {document}: the text column 'text' mixes JSON types: string "
+                       r"\(row 1\), list \(row 2\)"):  # fmt: skip
+        _pretrain(tmp_path, tokenizer_dir, document)
     good = _write(tmp_path / "good.txt", "the cat sat on the mat\n")
     bad = _write(tmp_path / "validation.txt", "\n\n")
     with pytest.raises(ValueError, match=rf"validation file {bad} holds no text"):
