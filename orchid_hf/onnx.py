@@ -15,12 +15,14 @@ Everything here needs the ``onnx`` extra (``pip install "orchid-hf[onnx]"``: onn
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -109,6 +111,32 @@ def input_names(model: nn.Module) -> tuple[str, ...]:
 def max_length(model: nn.Module) -> int:
     """The longest input: the transform length of the model (``config.max_sequence_length``) or operator."""
     return model.max_len if isinstance(model, OrchidOperator) else model.config.max_sequence_length
+
+
+# The ONNX file's metadata key under which the input rules (:func:`input_rules`) are stored for the runner.
+RULES_KEY = "orchid_hf.input_rules"
+
+
+def input_rules(model: nn.Module) -> dict[str, tuple[int, int, str]]:
+    """The values the model accepts in each integer input, ``{name: (low, high, rule)}`` with ``low <= value <
+    high``, ``rule`` as the PyTorch model's own check states it."""
+    if isinstance(model, OrchidOperator) or not model.config.is_vision:
+        rules = {"attention_mask": (0, 2, "attention_mask must hold 1 for real tokens and 0 for padding")}
+    else:
+        return {}
+    if isinstance(model, OrchidOperator):
+        return rules
+    config = model.config
+    rules["input_ids"] = (0, config.vocab_size, f"input_ids must lie in [0, vocab_size={config.vocab_size})")
+    if config.type_vocab_size > 0:
+        rules["token_type_ids"] = (
+            0, config.type_vocab_size, f"token_type_ids must lie in [0, type_vocab_size={config.type_vocab_size})"
+        )  # fmt: skip
+    return rules
+
+
+def length_rule(model: nn.Module) -> str:
+    return f"length must lie in [1, max_sequence_length={max_length(model)}]"
 
 
 def output_names(model: nn.Module) -> tuple[str, ...]:
@@ -322,6 +350,7 @@ def export_onnx(
             verbose=False,
         )
     check_dynamic_axes(onnx_program.model, axes)
+    add_input_checks(onnx_program.model, model)
     onnx_program.save(str(path))
     if verify:
         differences = compare_with_onnxruntime(model, path)
@@ -366,6 +395,50 @@ def check_dynamic_axes(model, axes: dict[str, dict[int, str]]) -> None:
                 raise RuntimeError(f"axis {axis} of input {value.name} should be the dynamic axis {name!r}, got {dim}")
 
 
+def add_input_checks(graph_model, model: nn.Module) -> None:
+    """Give the graph ``graph_model`` (an ``onnx_ir`` model) the PyTorch model's checks of its integer inputs
+    (:func:`input_rules`) and of the length, and store the rules in its metadata for :func:`run_onnxruntime`.
+
+    ONNX has no assertion, so each check is a ``Gather`` from a one-element tensor at index 0 when the inputs
+    satisfy the rule and 1 when they do not, a node named by the rule: ONNX Runtime stops there with "... running
+    Gather node. Name:'<rule>' ... out of data bounds" before anything reads the input, instead of reading an
+    additive mask inverted, a mask of 2 as 1, or an id of -1 as the embedding's last row. Each checked input
+    reaches the rest of the graph plus that Gather's 0, so every node that reads it waits for its check."""
+    import onnx_ir as ir
+
+    graph = graph_model.graph
+    tape = ir.tape.Tape(graph)
+
+    def constant(value) -> ir.Value:
+        return tape.op("Constant", [], attributes={"value": ir.tensor(np.asarray(value, dtype=np.int64))})
+
+    def check(ok: ir.Value, rule: str) -> ir.Value:
+        """0 (int64) where ``ok`` is true; a failing Gather named ``rule`` where it is false."""
+        index = tape.op("Cast", [tape.op("Not", [ok])], attributes={"to": ir.DataType.INT64})
+        return tape.op("Gather", [constant([0]), index], attributes={"axis": 0}, name=rule)
+
+    inputs = {value.name: value for value in graph.inputs}
+    rules = input_rules(model)
+    for name, (low, high, rule) in rules.items():
+        value = inputs[name]
+        uses = list(value.uses())
+        lowest = tape.op("ReduceMin", [value], attributes={"keepdims": 0})
+        highest = tape.op("ReduceMax", [value], attributes={"keepdims": 0})
+        ok = tape.op("And", [tape.op("GreaterOrEqual", [lowest, constant(low)]),
+                             tape.op("Less", [highest, constant(high)])])  # fmt: skip
+        zero = check(ok, rule)
+        if name == "attention_mask":  # every text model and operator has one, with the length as its last axis
+            length = tape.op("Gather", [tape.op("Shape", [value]), constant(-1)], attributes={"axis": 0})
+            within = tape.op("And", [tape.op("GreaterOrEqual", [length, constant(1)]),
+                                     tape.op("LessOrEqual", [length, constant(max_length(model))])])  # fmt: skip
+            zero = tape.op("Add", [zero, check(within, length_rule(model))])
+        checked = tape.op("Add", [value, zero])
+        for node, index in uses:
+            node.replace_input_with(index, checked)
+    graph.sort()
+    graph_model.metadata_props[RULES_KEY] = json.dumps({"rules": rules, "max_length": max_length(model)})
+
+
 # ---------------------------------------------------------------------------------------------
 # ONNX Runtime
 # ---------------------------------------------------------------------------------------------
@@ -383,11 +456,47 @@ def onnxruntime_session(path: str | os.PathLike, threads: int | None = None):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+# ONNX Runtime's names of the graph's input types.
+ONNX_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+
+
 def run_onnxruntime(session, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The session's outputs, by name, for inputs given as tensors by name."""
+    """The session's outputs, by name, for inputs given as tensors by name.
+
+    The inputs are checked first as the PyTorch model checks them, with a ValueError naming the input and the
+    values: every input of the graph given and no other, text inputs of one shape, the length within the transform
+    length, and the values of masks, ids and token types within their rules (:func:`input_rules`, stored in the
+    file by :func:`export_onnx`). Then they take the graph's dtypes, so that a bool or float mask and int32 ids run
+    as in PyTorch."""
+    expected = {value.name: value for value in session.get_inputs()}
+    missing, unknown = sorted(set(expected) - set(inputs)), sorted(set(inputs) - set(expected))
+    if missing or unknown:
+        raise ValueError(f"the graph takes {list(expected)}: missing {missing}; unknown {unknown}")
+    arrays = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
+    metadata = json.loads(session.get_modelmeta().custom_metadata_map.get(RULES_KEY, '{"rules": {}}'))
+    rules = metadata["rules"]
+    shapes = {name: arrays[name].shape for name in rules if name != "attention_mask"}
+    if "attention_mask" in rules:
+        mask_shape = arrays["attention_mask"].shape
+        if any(shape != mask_shape for shape in shapes.values()):
+            others = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+            raise ValueError(f"attention_mask has shape {mask_shape}, {others}: they must be the same")
+        if not 1 <= mask_shape[-1] <= metadata["max_length"]:
+            raise ValueError(
+                f"length must lie in [1, max_sequence_length={metadata['max_length']}], got {mask_shape[-1]}"
+            )
+    for name, (low, high, rule) in rules.items():
+        values = arrays[name].astype(np.float64)
+        bad = values[~((values >= low) & (values < high) & (values == np.round(values)))]
+        if bad.size:
+            raise ValueError(f"{rule}, got values from {_number(bad.min())} to {_number(bad.max())}")
+    feed = {name: array.astype(ONNX_DTYPES.get(expected[name].type, array.dtype)) for name, array in arrays.items()}
     names = [output.name for output in session.get_outputs()]
-    feed = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
     return {name: torch.from_numpy(array) for name, array in zip(names, session.run(names, feed))}
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def compare_with_onnxruntime(
