@@ -188,13 +188,16 @@ def _json_values(data_file: DataFile, column: str):
 
 
 def check_column_type(dataset, source: DataFile | str, column: str, what: str) -> None:
-    """ValueError for a column whose JSON values are not all of one type (``1`` and ``"1"``, text and numbers,
-    lists), which ``datasets`` reads as a ``Json`` column: the error names each type found and where it first
-    occurs."""
-    from datasets.features import Json
+    """ValueError for a column that does not hold one value per row: lists or records in every row, or JSON values
+    of several types (``1`` and ``"1"``, text and numbers, lists), which ``datasets`` reads as a ``Json`` column,
+    where the error names each type found and where it first occurs."""
+    from datasets.features import ClassLabel, Json, Value
 
-    if not isinstance(dataset.features[column], Json):
+    feature = dataset.features[column]
+    if isinstance(feature, (Value, ClassLabel)):
         return
+    if not isinstance(feature, Json):
+        raise ValueError(f"{source}: the {what} column {column!r} holds {feature} values, not one {what} per row")
     first: dict[str, str] = {}
     if isinstance(source, DataFile) and source.builder == "json":
         for where, value in _json_values(source, column):

@@ -142,14 +142,18 @@ def test_text_column_of_numbers_is_an_error(tmp_path, tokenizer_dir):
         ("label", [1, "1"], r"integer \(line 1\), string \(line 2\)"),
         ("label", [0, 1, [1]], r"integer \(line 1\), list \(line 3\)"),
         ("sentence", ["a b", 3], r"string \(line 1\), integer \(line 2\)"),
+        ("label", [[1], [0]], None),
+        ("label", [{"x": 1}, {"x": 0}], None),
+        ("sentence", [["a"], ["b"]], None),
     ],
 )
-def test_a_json_column_of_mixed_types_names_the_types_and_their_lines(tmp_path, tokenizer_dir, column, values, found):
+def test_a_json_column_of_mixed_types_lists_or_records_is_named(tmp_path, tokenizer_dir, column, values, found):
     rows = [{"sentence": "a b", "label": 0, column: value} for value in values]
     path = _jsonl(tmp_path / "train.jsonl", rows)
     dev = _jsonl(tmp_path / "dev.jsonl", [{"sentence": "a", "label": 0}])
     what = "label" if column == "label" else "text"
-    with pytest.raises(ValueError, match=rf"train file {path}: the {what} column '{column}' mixes JSON types: {found}"):
+    problem = rf"mixes JSON types: {found}" if found else rf"holds (List|{{).* values, not one {what} per row"
+    with pytest.raises(ValueError, match=rf"train file {path}: the {what} column '{column}' {problem}"):
         _own(tmp_path, tokenizer_dir, path, dev)
 
 
