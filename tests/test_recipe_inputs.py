@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from experiments.synthetic_text import make_corpus
-from orchid_hf import glue, pretraining
+from orchid_hf import glue, glue_data, pretraining
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.vision import main as train_image
 
@@ -118,7 +118,7 @@ def test_empty_text_cells_are_allowed_and_reported(tmp_path, caplog):
     path = _write(tmp_path / "train.csv", "sentence1,sentence2,label\nthe cat,sat,0\n,a dog,1\nthe mat,,0\n")
     args = glue.parse_args(["--train_file", str(path), "--cache_dir", str(tmp_path / "cache")])
     with caplog.at_level(logging.WARNING, logger="orchid_hf"):
-        data = glue.load_own_data(args.values[1], {"do_train"}, str(tmp_path / "cache"), None)
+        data = glue_data.load_own_data(args.data_args, {"do_train"}, str(tmp_path / "cache"), None)
     assert data.splits["train"]["sentence1"] == ["the cat", "", "the mat"]
     assert data.splits["train"]["sentence2"] == ["sat", "a dog", ""]
     assert f"{path}: 2 empty text cells (first: line 3, 'sentence1')" in caplog.text
@@ -126,7 +126,7 @@ def test_empty_text_cells_are_allowed_and_reported(tmp_path, caplog):
     path = _write(tmp_path / "blank.csv", "sentence,label\n,0\n,1\n")
     args = glue.parse_args(["--train_file", str(path), "--cache_dir", str(tmp_path / "cache")])
     with pytest.raises(ValueError, match=rf"train file {path}: the text column 'sentence' is empty in all 2 rows"):
-        glue.load_own_data(args.values[1], {"do_train"}, str(tmp_path / "cache"), None)
+        glue_data.load_own_data(args.data_args, {"do_train"}, str(tmp_path / "cache"), None)
 
 
 def test_text_column_of_numbers_is_an_error(tmp_path, tokenizer_dir):
@@ -172,7 +172,7 @@ def test_validation_and_test_files_are_checked_too(tmp_path, tokenizer_dir):
     # A test file needs no labels: an empty label cell there is no error (the column is dropped).
     test = _write(tmp_path / "test.csv", "sentence,label\nthe cat,\n")
     args = glue.parse_args(["--train_file", str(train), "--test_file", str(test)])
-    data = glue.load_own_data(args.values[1], {"do_train", "do_predict"}, str(tmp_path / "cache"), None)
+    data = glue_data.load_own_data(args.data_args, {"do_train", "do_predict"}, str(tmp_path / "cache"), None)
     assert len(data.splits["test"]) == 1
 
 
@@ -211,7 +211,7 @@ def test_glue_label_names_are_mapped_and_checked(tmp_path):
     _write(data / "rte/train.tsv", "sentence1\tsentence2\tlabel\na\tb\tentailment\nc\td\tmaybe\n")
     with pytest.raises(ValueError, match=rf"train file {data / 'rte/train.tsv'}, line 3: rte label 'maybe' is "
                        r"neither one of \['entailment', 'not_entailment'\] nor a class id"):  # fmt: skip
-        glue.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
+        glue_data.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
 
 
 # ---------------------------------------------------------------------------------------------
