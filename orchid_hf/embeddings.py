@@ -1,10 +1,10 @@
 """Orchid encoders as sentence-transformers models (text embeddings for similarity, retrieval and clustering).
 
-``sentence_transformer(checkpoint)`` builds ``SentenceTransformer([Transformer, Pooling])`` from a saved Orchid
-folder (an ``OrchidModel``, or a task checkpoint such as ``OrchidForMaskedLM``, whose encoder it takes) or from a
-model in memory. A saved ``SentenceTransformer`` folder loads with ``SentenceTransformer(path)`` once ``orchid_hf``
-is imported, or with ``trust_remote_code=True`` without it (the model code ships in the folder). Needs the
-``embeddings`` extra: ``pip install "orchid-hf[embeddings]"``.
+``sentence_transformer(checkpoint)`` builds ``SentenceTransformer([Transformer, Pooling])`` (and ``Normalize`` with
+``normalize=True``) from a saved Orchid folder (an ``OrchidModel``, or a task checkpoint such as ``OrchidForMaskedLM``,
+whose encoder it takes) or from a model in memory. A saved ``SentenceTransformer`` folder loads with
+``SentenceTransformer(path)`` once ``orchid_hf`` is imported, or with ``trust_remote_code=True`` without it (the model
+code ships in the folder). Needs the ``embeddings`` extra: ``pip install "orchid-hf[embeddings]"``.
 """
 
 from __future__ import annotations

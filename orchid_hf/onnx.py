@@ -298,7 +298,8 @@ def export_onnx(
     ``attention_mask``. Batch and length are dynamic axes named ``batch`` and ``length``. The outputs are those of
     the model's output class: ``last_hidden_state`` (OrchidModel), ``logits`` (masked LM, sequence, token and image
     classification), ``start_logits`` and ``end_logits`` (question answering). Padding on either side gives the
-    outputs PyTorch gives.
+    outputs PyTorch gives. The graph checks masks, ids, token types and the length as the model does
+    (:func:`add_input_checks`): ONNX Runtime stops on what PyTorch refuses.
 
     ``verify``: run the file with ONNX Runtime on random padded batches of other shapes than the example the graph
     was traced with (:func:`compare_with_onnxruntime`) and raise a ValueError if an output differs from PyTorch's by
@@ -307,8 +308,8 @@ def export_onnx(
 
     Refused with a ValueError naming the part: a model made by ``optimize_for_inference`` (export the plain model),
     quantised modules (quantise the ONNX graph instead), parameters in another dtype than float32, anything that is
-    not an Orchid model (a peft model: merge its adapters first). The model is traced in eval mode and left as
-    it was.
+    not an Orchid model (a peft model: merge its adapters first), a saved folder of another model type. The model is
+    traced in eval mode and left as it was.
     """
     require_onnx("onnx")
     require_onnx("onnxscript")

@@ -2,12 +2,13 @@
 is the command line.
 
 The paper's recipe (``--recipe orchid-bert-base-mlm``, the default) sets every default: C4 (``allenai/c4``, ``en``,
-streamed from the Hub), the bert-base-uncased tokenizer, blocks of 128 tokens, 30% masking, decoupled AdamW with
-betas (0.9, 0.98), eps 1e-6, lr 8e-4, decoupled weight decay 1e-5, linear warmup over the first 6% of the steps then
-linear decay to 0.02x (M2-BERT's schedule), the implicit filters in a parameter group of their own (lr 1e-3, weight
-decay 0.1, as in M2-BERT), gradient clipping 1.0, 70k steps, bf16 where the hardware has it. Local text, json,
-parquet or csv files and a tokenizer folder replace the Hub for offline runs. Any masked-LM model type trains with the
-same data and recipe (``--model_type bert``), which is how baselines are compared.
+streamed from the Hub), the bert-base-uncased tokenizer, blocks of 128 tokens, 30% masking, decoupled AdamW with betas
+(0.9, 0.98), eps 1e-6, lr 8e-4, decoupled weight decay 1e-5, linear warmup over the first 6% of the steps then linear
+decay to 0.02x (M2-BERT's schedule), the implicit filters in a parameter group of their own (lr 1e-3, as in M2-BERT,
+without weight decay, as in the authors' layer: M2-BERT's 0.1 under decoupled AdamW removes them), gradient clipping
+1.0, 70k steps, bf16 where the hardware has it. Local text, json, parquet or csv files and a tokenizer folder replace
+the Hub for offline runs. Any masked-LM model type trains with the same data and recipe (``--model_type bert``), which
+is how baselines are compared.
 """
 
 from __future__ import annotations
