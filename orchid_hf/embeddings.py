@@ -10,11 +10,11 @@ code ships in the folder). Needs the ``embeddings`` extra: ``pip install "orchid
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -32,8 +32,9 @@ def unwrap_model(model):
     """The model inside ``torch.compile``'s wrapper and ``DataParallel``/``DistributedDataParallel``, which compute
     what it computes with the same weights; a ValueError for a peft model (its adapters are not in the base model's
     weights) and for any other module that is not a transformers model."""
+    dynamo = sys.modules.get("torch._dynamo")  # torch.compile imports it: a compiled model means it is loaded
     while True:
-        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        if dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule):
             model = model._orig_mod
         elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module

@@ -60,8 +60,6 @@ REMOTE_CODE_FILES = ("configuration_orchid.py", "modeling_orchid.py", "orchid_la
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
 OPTIONAL_FILES = ("generation_config.json", "results.json", "glue_results.json", "glue_results.md")
-
-
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json")
 
 

@@ -209,6 +209,7 @@ def test_16_bit_float_and_wide_integer_images_keep_their_levels():
         "16-bit PNG bytes": {"path": None, "bytes": png.getvalue()},
         "PIL I;16": Image.open(io.BytesIO(png.getvalue())),
         "uint16 array": sixteen,
+        "big-endian uint16 array": sixteen.astype(">u2"),
         "float64 array": floats,
         "float32 array": floats.astype(np.float32),
         "PIL F": Image.fromarray(floats.astype(np.float32)),

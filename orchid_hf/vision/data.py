@@ -108,7 +108,7 @@ def eight_bit_array(array: np.ndarray, what: str = "image") -> np.ndarray:
     if kind.kind not in "uif":
         raise ValueError(f"{what} of dtype {kind} holds no pixel values; pass uint8, uint16, bool or float pixels")
     low, high = (array.min(), array.max()) if array.size else (0, 0)
-    if kind == np.uint16:
+    if kind.kind == "u" and kind.itemsize == 2:  # either byte order (PIL's I;16B gives big-endian)
         return np.round(array / 257).astype(np.uint8)
     if kind.kind == "f":
         if not (np.isfinite(low) and np.isfinite(high) and 0 <= low and high <= 1):
