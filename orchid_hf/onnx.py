@@ -120,14 +120,13 @@ RULES_KEY = "orchid_hf.input_rules"
 def input_rules(model: nn.Module) -> dict[str, tuple[int, int, str]]:
     """The values the model accepts in each integer input, ``{name: (low, high, rule)}`` with ``low <= value <
     high``, ``rule`` as the PyTorch model's own check states it."""
-    if isinstance(model, OrchidOperator) or not model.config.is_vision:
-        rules = {"attention_mask": (0, 2, "attention_mask must hold 1 for real tokens and 0 for padding")}
-    else:
-        return {}
+    mask = {"attention_mask": (0, 2, "attention_mask must hold 1 for real tokens and 0 for padding")}
     if isinstance(model, OrchidOperator):
-        return rules
+        return mask
     config = model.config
-    rules["input_ids"] = (0, config.vocab_size, f"input_ids must lie in [0, vocab_size={config.vocab_size})")
+    if config.is_vision:
+        return {}
+    rules = {**mask, "input_ids": (0, config.vocab_size, f"input_ids must lie in [0, vocab_size={config.vocab_size})")}
     if config.type_vocab_size > 0:
         rules["token_type_ids"] = (
             0, config.type_vocab_size, f"token_type_ids must lie in [0, type_vocab_size={config.type_vocab_size})"
@@ -135,8 +134,9 @@ def input_rules(model: nn.Module) -> dict[str, tuple[int, int, str]]:
     return rules
 
 
-def length_rule(model: nn.Module) -> str:
-    return f"length must lie in [1, max_sequence_length={max_length(model)}]"
+def length_rule(longest: int) -> str:
+    """The rule of the length axis (the mask's last), for a model whose longest input is ``longest``."""
+    return f"length must lie in [1, max_sequence_length={longest}]"
 
 
 def output_names(model: nn.Module) -> tuple[str, ...]:
@@ -432,7 +432,7 @@ def add_input_checks(graph_model, model: nn.Module) -> None:
             length = tape.op("Gather", [tape.op("Shape", [value]), constant(-1)], attributes={"axis": 0})
             within = tape.op("And", [tape.op("GreaterOrEqual", [length, constant(1)]),
                                      tape.op("LessOrEqual", [length, constant(max_length(model))])])  # fmt: skip
-            zero = tape.op("Add", [zero, check(within, length_rule(model))])
+            zero = tape.op("Add", [zero, check(within, length_rule(max_length(model)))])
         checked = tape.op("Add", [value, zero])
         for node, index in uses:
             node.replace_input_with(index, checked)
@@ -483,9 +483,7 @@ def run_onnxruntime(session, inputs: dict[str, torch.Tensor]) -> dict[str, torch
             others = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
             raise ValueError(f"attention_mask has shape {mask_shape}, {others}: they must be the same")
         if not 1 <= mask_shape[-1] <= metadata["max_length"]:
-            raise ValueError(
-                f"length must lie in [1, max_sequence_length={metadata['max_length']}], got {mask_shape[-1]}"
-            )
+            raise ValueError(f"{length_rule(metadata['max_length'])}, got {mask_shape[-1]}")
     for name, (low, high, rule) in rules.items():
         values = arrays[name].astype(np.float64)
         bad = values[~((values >= low) & (values < high) & (values == np.round(values)))]

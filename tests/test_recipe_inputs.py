@@ -212,6 +212,12 @@ def test_glue_label_names_are_mapped_and_checked(tmp_path):
     with pytest.raises(ValueError, match=rf"train file {data / 'rte/train.tsv'}, line 3: rte label 'maybe' is "
                        r"neither one of \['entailment', 'not_entailment'\] nor a class id"):  # fmt: skip
         glue_data.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
+    # Each GLUE label cell is mapped on its own, so a JSON file mixing label names and class ids is read.
+    _jsonl(data / "rte/train.jsonl", [{"sentence1": "a", "sentence2": "b", "label": "entailment"},
+                                      {"sentence1": "c", "sentence2": "d", "label": 1}])  # fmt: skip
+    (data / "rte/train.tsv").unlink()
+    splits = glue_data.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
+    assert glue_data.encode_labels("rte", splits["train"])["label"] == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------
