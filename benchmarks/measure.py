@@ -418,22 +418,6 @@ def retained_bytes(fn: Callable, *args, **kwargs) -> int:
     return alive
 
 
-def saved_storage_bytes(fn: Callable, *args, **kwargs) -> int:
-    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs, as its
-    saved-tensor hooks see them (steps recomputed in backward keep their inputs outside these: see
-    :func:`retained_bytes`)."""
-    storages: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        # Saved tensors stay alive until backward, so no two of them share an address unless they share storage.
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn(*args, **kwargs)
-    return sum(storages.values())
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--worker"] or len(sys.argv) != 3:
         raise SystemExit(f"usage: python -m {WORKER_MODULE} --worker SETTINGS_JSON (started by the benchmark)")
