@@ -176,9 +176,11 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp = OrchidMLP(config)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
-        """``layout``: where the real tokens are (:class:`SequenceLayout`), computed by ``OrchidModel``."""
+    def forward(self, hidden_states: torch.Tensor, layout: SequenceLayout | None = None) -> torch.Tensor:
+        """``layout``: where the real tokens are (:class:`SequenceLayout`), computed by ``OrchidModel``; None: every
+        position is real."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
+        layout = SequenceLayout() if layout is None else layout
         mixed = self.mixer_dropout(self.mixer(mixer_input, layout=layout))
         if self.pre_norm:
             hidden_states = hidden_states + mixed

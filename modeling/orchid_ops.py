@@ -28,18 +28,27 @@ except ImportError:
 # ---------------------------------------------------------------------------------------------
 
 
+# Up to this transform length the DCT is a product with its matrix: one GEMM does a short transform's few
+# multiply-adds faster than an FFT library's work per call (docs/performance.md, "Small inputs").
+MATRIX_DCT_MAX_LENGTH = 128
+
+
 def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
     """Orthonormal DCT-II along ``dim`` of ``x`` zero-padded to length ``n`` (default: its own length); equal to
     ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
 
-    On the CPU (float32 or float64, eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT
-    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980), written for an
-    exported graph in real arithmetic (:func:`_dct_in_graph`).
+    Up to ``MATRIX_DCT_MAX_LENGTH`` it is a product with the DCT matrix. Longer, on the CPU (float32 or float64,
+    eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT natively; elsewhere, and without
+    SciPy, through one real FFT of the same length (Makhoul, 1980), written for an exported graph in real arithmetic
+    (:func:`_dct_in_graph`).
     """
     dim = dim % x.dim()
     n = x.shape[dim] if n is None else n
     if n < x.shape[dim]:
         raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
+    if n <= MATRIX_DCT_MAX_LENGTH:
+        matrix = transform_matrix(n, x.dtype, x.device).narrow(1, 0, x.shape[dim])  # (n, L)
+        return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, n, False)
     if is_exporting():
@@ -52,11 +61,28 @@ def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Ten
     ``scipy.fft.idct(x, axis=dim, norm="ortho")`` cut to ``length``."""
     dim = dim % x.dim()
     length = x.shape[dim] if length is None else length
+    if x.shape[dim] <= MATRIX_DCT_MAX_LENGTH:
+        matrix = transform_matrix(x.shape[dim], x.dtype, x.device).narrow(1, 0, length).transpose(0, 1)
+        return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, length, True)
     if is_exporting():
         return _idct_in_graph(x, dim, length)
     return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
+
+
+_TRANSFORM_MATRICES: dict[tuple, torch.Tensor] = {}
+
+
+def transform_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The orthonormal DCT-II matrix (:func:`dct_matrix`), computed in float64 and cast to ``dtype``; kept once per
+    (n, dtype, device) in eager runs, and computed in the graph under ``torch.compile`` and ``torch.export``."""
+    if torch.compiler.is_compiling():
+        return dct_matrix(n, torch.float64, device).to(dtype)
+    key = (n, dtype, torch.device(device))
+    if key not in _TRANSFORM_MATRICES:
+        _TRANSFORM_MATRICES[key] = dct_matrix(n, torch.float64, device).to(dtype)
+    return _TRANSFORM_MATRICES[key]
 
 
 def uses_pocketfft(x: torch.Tensor) -> bool:

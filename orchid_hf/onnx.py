@@ -326,7 +326,7 @@ def export_onnx(
 
 
 # Loggers whose notices during an export say nothing about the model: that torchvision's operators are not
-# registered (when the exporter builds its registry), and that the constant folder skips TopK (the padding sort).
+# registered (when the exporter builds its registry), and the constant folder's notes on nodes it does not fold.
 QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript.optimizer._constant_folding")
 
 

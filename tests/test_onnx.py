@@ -303,3 +303,31 @@ def test_the_operator_traces_one_graph_for_every_length_up_to_the_transform_leng
         with torch.no_grad():
             expected = op(x, mask)
         torch.testing.assert_close(program.module()(x, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@needs_onnxruntime
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_the_model_exports_as_it_is_with_torch_onnx_export(transform, tmp_path):
+    """As users of transformers' models export them: torch.onnx.export of the model itself, with a dynamic batch and
+    length, runs in ONNX Runtime with PyTorch's outputs on padded batches of other shapes than the example."""
+    import onnxruntime
+
+    torch.manual_seed(0)
+    model = OrchidModel(text_config(transform)).eval()
+    inputs = example_inputs(model, 2, 16)
+    batch, length = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2, max=MAX_LENGTH)
+    axes = {0: batch, 1: length}
+    program = torch.onnx.export(
+        model, (inputs["input_ids"], inputs["attention_mask"]), dynamo=True,
+        input_names=["input_ids", "attention_mask"], dynamic_shapes=(axes, axes),
+    )
+    program.save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    for shape in [(3, MAX_LENGTH), (4, 23)]:
+        other = example_inputs(model, *shape, torch.Generator().manual_seed(1))
+        feed = {name: other[name].numpy() for name in ("input_ids", "attention_mask")}
+        with torch.no_grad():
+            expected = model(input_ids=other["input_ids"], attention_mask=other["attention_mask"]).last_hidden_state
+        got = torch.from_numpy(session.run(None, feed)[0])
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)

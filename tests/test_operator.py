@@ -15,13 +15,16 @@ from orchid_hf import BlockDiagonalLinear, OrchidOperator
 LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 
 
-@pytest.fixture(params=["pocketfft DCT", "torch DCT"])
+@pytest.fixture(params=["matrix DCT", "pocketfft DCT", "torch DCT"])
 def dct_backend(request, monkeypatch):
-    """The DCT through pocketfft, as on the CPU, and through torch's real FFT (Makhoul's algorithm), as on a GPU or
-    without SciPy: every test that computes a DCT runs with both (``both_dct_backends``)."""
+    """The DCT as a product with its matrix, as at short transform lengths; through pocketfft, as on the CPU at longer
+    ones; and through torch's real FFT (Makhoul's algorithm), as on a GPU or without SciPy: every test that computes
+    a DCT runs with each (``both_dct_backends``)."""
+    if request.param != "matrix DCT":
+        monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
     if request.param == "torch DCT":
         monkeypatch.setattr(orchid_ops, "scipy_fft", None)
-    assert orchid_ops.uses_pocketfft(torch.zeros(1)) == (request.param == "pocketfft DCT")
+    assert orchid_ops.uses_pocketfft(torch.zeros(1)) == (request.param != "torch DCT")
     return request.param
 
 
@@ -79,7 +82,9 @@ def test_dct_matches_scipy_and_inverse_round_trips(n, dtype):
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_the_dct_of_an_exported_graph_matches_scipy_along_any_axis(n, monkeypatch):
-    # Traced by torch.export (ONNX), the DCT takes its real-arithmetic form (_dct_in_graph, _idct_in_graph).
+    # Traced by torch.export (ONNX), the DCT beyond the matrix lengths takes its real-arithmetic form (_dct_in_graph,
+    # _idct_in_graph).
+    monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
     monkeypatch.setattr(orchid_ops, "scipy_fft", None)
     monkeypatch.setattr(orchid_ops, "is_exporting", lambda: True)
     for name in ("_dct_by_fft", "_idct_by_fft"):  # not reached

@@ -23,11 +23,14 @@ from orchid_hf.modeling.orchid_ops import (
 SHAPES = [(1, 1), (5, 5), (5, 8), (17, 32), (64, 64)]  # (length, transform length)
 
 
-@pytest.fixture(params=["pocketfft", "torch"])
+@pytest.fixture(params=["matrix", "pocketfft", "torch"])
 def backend(request, monkeypatch):
+    """The DCT's three ways: a product with its matrix (short transforms), pocketfft (the CPU), torch's real FFT."""
+    if request.param != "matrix":
+        monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
     if request.param == "torch":
         monkeypatch.setattr(orchid_ops, "scipy_fft", None)
-    assert orchid_ops.uses_pocketfft(torch.zeros(1, dtype=torch.float64)) == (request.param == "pocketfft")
+    assert orchid_ops.uses_pocketfft(torch.zeros(1, dtype=torch.float64)) == (request.param != "torch")
     return request.param
 
 
