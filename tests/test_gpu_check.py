@@ -224,7 +224,10 @@ def test_out_defaults_to_the_environment_and_cuda_is_refused_without_a_gpu(monke
 
 
 def test_the_default_budgets_fit_eight_minutes():
-    assert sum(gpu.BUDGETS.values()) < gpu.TOTAL_BUDGET_S < 8 * 60
+    # The run ends at its total budget at the latest, plus the grace period of the stage running then; Python and
+    # torch start before the budget's clock does.
+    assert sum(gpu.BUDGETS.values()) < gpu.TOTAL_BUDGET_S
+    assert gpu.TOTAL_BUDGET_S + max(map(gpu.hard_stop_grace, gpu.BUDGETS.values())) + 10 < 8 * 60
     assert set(gpu.BUDGETS) == set(gpu.STAGES) == set(gpu.TINY_BUDGETS)
 
 
@@ -294,3 +297,11 @@ def test_the_attention_blocks_forced_backends_compute_the_default(backend):
         expected = block(x)
         block.backend = backend
         torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_docs_give_the_budgets_the_script_uses():
+    section = (REPO_ROOT / "docs" / "performance.md").read_text().split("\n## On a GPU\n")[1]
+    for name, budget in gpu.BUDGETS.items():
+        assert f"| `{name}` | {budget:g} |" in section
+    assert f"budget of {gpu.TOTAL_BUDGET_S:g} s" in section
+    assert f"{gpu.MLM_LAYERS} of its layers" in section and f"for {gpu.MLM_STEPS} steps" in section
