@@ -368,13 +368,18 @@ def gradient_difference(model: nn.Module, reference: nn.Module, tolerance: float
 @contextlib.contextmanager
 def exact_float32():
     """float32 products and convolutions without TensorFloat-32 (cuDNN's convolutions allow it by default), so that
-    the device is compared with the CPU in the same arithmetic."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    the device is compared with the CPU in the same arithmetic. Yields whether the flags could be set (a torch whose
+    newer ``fp32_precision`` settings conflict with them refuses)."""
     try:
-        yield
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    except Exception:
+        saved = None
+    try:
+        yield saved is not None
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        if saved is not None:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 class Autocast(nn.Module):
@@ -533,8 +538,11 @@ def stage_correctness(stage: Stage) -> None:
         stage.check()
 
     generator = torch.Generator().manual_seed(0)
-    with exact_float32():
-        stage.results["tensorfloat32"] = "off for this stage (cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)"
+    with exact_float32() as exact:
+        stage.results["tensorfloat32"] = (
+            "off for this stage (cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)" if exact
+            else f"torch's defaults (its flags could not be set): matmul {torch.get_float32_matmul_precision()}"
+        )
         # Every head, with the same weights on both sides.
         for head in HEADS:
             torch.manual_seed(0)
