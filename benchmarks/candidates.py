@@ -38,7 +38,8 @@ TABLE_MODULE = {"operator": "operator", "model": "model", "train_model": "masked
 
 
 class AttentionBlock(nn.Module):
-    """Multi-head self-attention with the Orchid operator's interface: (B, L, d) -> (B, L, d)."""
+    """Multi-head self-attention with the Orchid operator's interface: (B, L, d) -> (B, L, d). ``backend``: SDPA's
+    choice (``"default"``), or its ``"math"`` (L x L scores) or ``"flash"`` kernel forced."""
 
     def __init__(self, d_model: int, num_heads: int, backend: str = "default"):
         super().__init__()
@@ -55,10 +56,10 @@ class AttentionBlock(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, length, d))
 
     def _kernel(self):
-        if self.backend == "math":
+        if self.backend in ("math", "flash"):
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            return sdpa_kernel(SDPBackend.MATH)
+            return sdpa_kernel(SDPBackend.MATH if self.backend == "math" else SDPBackend.FLASH_ATTENTION)
         return contextlib.nullcontext()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -291,20 +292,24 @@ def train(
     progress: bool = True,
     result_path: str | Path | None = None,
     extra: dict | None = None,
+    device: str | torch.device = "cpu",
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Trains on freshly generated batches and returns the final metrics and the learning curve.
 
     ``result_path`` gets the summary (plus ``extra``) after every evaluation, marked ``finished: false``
-    until the last step, so that a run stopped early still leaves its numbers.
+    until the last step, so that a run stopped early still leaves its numbers. ``device``: where the model trains (the
+    batches are drawn on the CPU, from the same generator whatever the device). ``stop``: called after every step; when
+    it returns True the run evaluates once more and ends there, before its schedule does (a time budget, say).
     """
     from tqdm.auto import tqdm
 
     config.validate()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    model = build_model(config)
+    model = build_model(config).to(device)
     data = torch.Generator().manual_seed(config.seed + 1)
-    eval_inputs, eval_targets = test_set(config)
+    eval_inputs, eval_targets = (tensor.to(device) for tensor in test_set(config))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "embedding" in n]
     optimizer = torch.optim.AdamW(
@@ -318,18 +323,21 @@ def train(
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        inputs, targets = generate_batch(config.batch_size, config.vocab_size, config.seq_len, data)
+        inputs, targets = (tensor.to(device) for tensor in generate_batch(
+            config.batch_size, config.vocab_size, config.seq_len, data
+        ))
         loss = F.cross_entropy(query_logits(model, inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
-        running.append(loss.item())
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+        running.append(loss.detach())  # read at the evaluations only: on a GPU each read waits for the queue
+        stopping = stop is not None and stop()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps or stopping:
             point = {
                 "step": step + 1,
-                "train_loss": sum(running) / len(running),
+                "train_loss": torch.stack(running).mean().item(),
                 **{f"test_{k}": v for k, v in evaluate(model, eval_inputs, eval_targets).items()},
                 "seconds": round(time.time() - began, 1),
             }
@@ -352,6 +360,8 @@ def train(
             }
             if result_path:
                 Path(result_path).write_text(json.dumps(summary, indent=1))
+        if stopping:
+            break
     if log:
         log.close()
     return summary
