@@ -91,7 +91,9 @@ def test_every_stage_runs_at_toy_sizes_from_the_source_tree(tmp_path):
     assert "x |" in markdown  # the speed-up columns
 
 
-def test_an_exception_in_one_stage_and_a_budget_that_runs_out_leave_the_other_stages(tmp_path):
+def test_an_exception_in_one_stage_leaves_the_next_stage_to_run(tmp_path):
+    # Whether the recall stage's short budget cuts it or it ends just in time depends on the machine's speed; the cut
+    # itself is tested deterministically below (test_stages_are_cut_at_their_deadline_or_interrupted_...).
     out = tmp_path / "out"
     data = gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--stages", "correctness,recall",
                      "--fail-stage", "correctness", "--budget-recall", "0.3"])
@@ -100,7 +102,8 @@ def test_an_exception_in_one_stage_and_a_budget_that_runs_out_leave_the_other_st
     assert stages["correctness"]["status"] == "error"
     assert "a failure injected by --fail-stage correctness" in stages["correctness"]["error"]
     assert "Traceback" in stages["correctness"]["error"]
-    assert stages["recall"]["status"] == "cut" and stages["recall"]["results"]["runs"]
+    assert stages["recall"]["status"] in ("completed", "cut")
+    assert stages["recall"]["results"]["runs"]  # each run recorded: trained, or skipped for want of time
     assert "a failure injected" in (out / gpu.MARKDOWN_NAME).read_text()
 
 
