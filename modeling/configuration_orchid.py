@@ -11,7 +11,7 @@ from typing import ClassVar
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
-from .orchid_layers import OperatorSettings, is_integer
+from .orchid_layers import OperatorSettings, extended_transform_lengths, is_integer
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
@@ -232,6 +232,27 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
                 raise ValueError(f"{key!r} is not a field of OrchidConfig{hint}")
         return cls(**{**PRESETS[name], **overrides})
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """``PreTrainedConfig.from_dict``, reading a config saved before ``transform_lengths`` existed as one transform
+        length, the longest input (the length such models were trained at); and, where ``max_position_embeddings`` is
+        given anew, extending the model's context (:func:`extended_transform_lengths`, the filters' lag scale kept)."""
+        config_dict = dict(config_dict)
+        saved = config_dict.get("max_position_embeddings", cls.max_position_embeddings)
+        if config_dict.get("image_size") is not None:
+            saved = (config_dict["image_size"] // config_dict.get("patch_size", 1)) ** 2
+        if "transform_lengths" not in config_dict:
+            config_dict["transform_lengths"] = [saved]
+        wanted = kwargs.get("max_position_embeddings")
+        if wanted is not None and wanted != saved and config_dict.get("image_size") is None:
+            config_dict["max_position_embeddings"] = wanted
+            config_dict["filter_lag_scale"] = config_dict.get("filter_lag_scale") or saved
+            if config_dict["transform_lengths"] is not None:
+                config_dict["transform_lengths"] = list(
+                    extended_transform_lengths(tuple(config_dict["transform_lengths"]), wanted)
+                )
+        return super().from_dict(config_dict, **kwargs)
+
     @property
     def is_vision(self) -> bool:
         return self.image_size is not None
@@ -303,6 +324,7 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
                 )
         elif self.patch_size is not None:
             raise ValueError(f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not")
+        self.resolved_transform_lengths(self.max_sequence_length, "OrchidConfig")
         length_field = "the number of patches" if self.is_vision else "max_position_embeddings"
         for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
             if getattr(self, name) > self.max_sequence_length:

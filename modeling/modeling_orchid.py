@@ -41,6 +41,7 @@ from .orchid_layers import (
     Sin,
     check_attention_mask,
     check_values,
+    is_integer,
     value_range,
 )
 from .orchid_ops import SequenceLayout, masked
@@ -177,10 +178,10 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, layout: SequenceLayout | None = None) -> torch.Tensor:
-        """``layout``: where the real tokens are (:class:`SequenceLayout`), computed by ``OrchidModel``; None: every
-        position is real."""
+        """``layout``: where the real tokens are and each row's transform length (:class:`SequenceLayout`), computed by
+        ``OrchidModel``; None: every position is real."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
-        layout = SequenceLayout() if layout is None else layout
+        layout = self.mixer.layout(mixer_input, None) if layout is None else layout
         mixed = self.mixer_dropout(self.mixer(mixer_input, layout=layout))
         if self.pre_norm:
             hidden_states = hidden_states + mixed
@@ -276,6 +277,25 @@ class OrchidPreTrainedModel(PreTrainedModel):
                 "build a new model with num_labels set (from_pretrained(..., num_labels=n, "
                 "ignore_mismatched_sizes=True) for a checkpoint), or replace the layer as well"
             )
+
+    def get_position_embeddings(self) -> nn.Embedding:
+        return self.base_model.get_position_embeddings()
+
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        """:meth:`OrchidModel.resize_position_embeddings`: extend (or cut) the model's context."""
+        self.base_model.resize_position_embeddings(new_num_position_embeddings)
+        self.built_settings = {name: getattr(self.config, name) for name in BUILD_FIELDS}
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``; ``max_position_embeddings=N`` other than the checkpoint's extends (or
+        cuts) the loaded model's context to N tokens (:meth:`OrchidModel.resize_position_embeddings`)."""
+        positions = kwargs.pop("max_position_embeddings", None)
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        if positions is not None and positions != model.config.max_position_embeddings:
+            model.resize_position_embeddings(positions)
+        return loaded
 
     def save_pretrained(self, *args, **kwargs):
         """``PreTrainedModel.save_pretrained``, refusing a config that no longer describes the model
@@ -399,6 +419,7 @@ class OrchidModel(OrchidPreTrainedModel):
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
         self.is_vision = config.is_vision
+        self.transform_lengths = config.resolved_transform_lengths(config.max_sequence_length)
         self.embeddings = OrchidPatchEmbeddings(config) if self.is_vision else OrchidEmbeddings(config)
         self.encoder = OrchidEncoder(config)
         self.post_init()
@@ -410,6 +431,46 @@ class OrchidModel(OrchidPreTrainedModel):
         if self.is_vision:
             raise ValueError("an image model has no word embeddings to set")
         self.embeddings.word_embeddings = value
+
+    def get_position_embeddings(self) -> nn.Embedding:
+        if self.is_vision:
+            raise ValueError("an image model's positions are fixed sin-cos embeddings of its patch grid")
+        return self.embeddings.position_embeddings
+
+    @torch.no_grad()
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        """Take inputs up to ``new_num_position_embeddings`` tokens: the context extension of a text model.
+
+        The learned position embeddings are copied over the new positions, the old rows repeated as long-document
+        encoders extended BERT's (or cut, for fewer); every operator keeps the transform lengths it had and gains
+        the powers of two up to the new length (``transform_lengths``), and the implicit filters keep their lag scale
+        (``filter_lag_scale``), so that their kernel at every lag stays as it was. An input no longer than the old
+        length is therefore mixed exactly as before; longer ones see filters and positions that the model learns
+        to use by training at the new length."""
+        if self.is_vision:
+            raise ValueError("an image model's positions are fixed sin-cos embeddings of its patch grid (image_size, "
+                             "patch_size): it has no position embeddings to resize")
+        if not is_integer(new_num_position_embeddings) or new_num_position_embeddings < 1:
+            raise ValueError(
+                f"new_num_position_embeddings must be a positive integer, got {new_num_position_embeddings!r}"
+            )
+        old = self.embeddings.position_embeddings
+        rows = torch.arange(new_num_position_embeddings, device=old.weight.device) % old.num_embeddings
+        new = nn.Embedding(new_num_position_embeddings, old.embedding_dim, device=old.weight.device,
+                           dtype=old.weight.dtype)
+        new.weight.copy_(old.weight[rows])
+        self.embeddings.position_embeddings = new
+        lengths = None
+        for layer in self.encoder.layer:
+            layer.mixer.resize(new_num_position_embeddings)
+            lengths = layer.mixer.transform_lengths
+        config = self.config
+        config.filter_lag_scale = self.encoder.layer[0].mixer.static_filter.lag_scale
+        config.transform_lengths = list(lengths)
+        config.max_position_embeddings = new_num_position_embeddings
+        self.transform_lengths = lengths
+        for model in (self, *[m for m in self.modules() if isinstance(m, OrchidPreTrainedModel) and m is not self]):
+            model.built_settings = {name: getattr(config, name) for name in BUILD_FIELDS}
 
     @can_return_tuple
     def forward(
@@ -447,7 +508,9 @@ class OrchidModel(OrchidPreTrainedModel):
             if given:
                 raise ValueError(f"this is an image model (config.image_size is set): {given} do not apply to it")
             self._check_pixel_values(pixel_values)
-            return self.encoder(self.embeddings(pixel_values), SequenceLayout(), output_hidden_states)
+            hidden_states = self.embeddings(pixel_values)
+            layout = SequenceLayout.from_mask(None, self.transform_lengths, hidden_states.shape[1])
+            return self.encoder(hidden_states, layout, output_hidden_states)
         if pixel_values is not None:
             raise ValueError("this is a text model (config.image_size is not set): pixel_values do not apply to it")
         self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
@@ -456,7 +519,8 @@ class OrchidModel(OrchidPreTrainedModel):
             position_ids = token_positions(real)
         mask = None if real is None else real.unsqueeze(-1)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, mask)
-        return self.encoder(hidden_states, SequenceLayout.from_mask(real), output_hidden_states)
+        layout = SequenceLayout.from_mask(real, self.transform_lengths, hidden_states.shape[1])
+        return self.encoder(hidden_states, layout, output_hidden_states)
 
     def _check_pixel_values(self, pixel_values: torch.Tensor | None) -> None:
         embeddings = self.embeddings

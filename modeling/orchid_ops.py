@@ -47,7 +47,7 @@ def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
     if n < x.shape[dim]:
         raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
     if n <= MATRIX_DCT_MAX_LENGTH:
-        matrix = transform_matrix(n, x.dtype, x.device).narrow(1, 0, x.shape[dim])  # (n, L)
+        matrix = transform_matrix(n, x.shape[dim], x.dtype, x.device)  # (n, L)
         return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, n, False)
@@ -62,7 +62,7 @@ def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Ten
     dim = dim % x.dim()
     length = x.shape[dim] if length is None else length
     if x.shape[dim] <= MATRIX_DCT_MAX_LENGTH:
-        matrix = transform_matrix(x.shape[dim], x.dtype, x.device).narrow(1, 0, length).transpose(0, 1)
+        matrix = transform_matrix(x.shape[dim], length, x.dtype, x.device).transpose(0, 1)
         return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, length, True)
@@ -74,15 +74,17 @@ def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Ten
 _TRANSFORM_MATRICES: dict[tuple, torch.Tensor] = {}
 
 
-def transform_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The orthonormal DCT-II matrix (:func:`dct_matrix`), computed in float64 and cast to ``dtype``; kept once per
-    (n, dtype, device) in eager runs, and computed in the graph under ``torch.compile`` and ``torch.export``."""
+def transform_matrix(n: int, columns: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The first ``columns`` columns of the orthonormal DCT-II matrix of size n (:func:`dct_matrix`), computed in
+    float64 and cast to ``dtype``: kept once per (n, dtype, device) in eager runs; under ``torch.compile`` and
+    ``torch.export`` computed in the graph, at the (maybe symbolic) number of columns, since a cut of the whole
+    matrix (a view) would tie an exported graph to one side of columns < n."""
     if torch.compiler.is_compiling():
-        return dct_matrix(n, torch.float64, device).to(dtype)
+        return dct_matrix(n, torch.float64, device, columns).to(dtype)
     key = (n, dtype, torch.device(device))
     if key not in _TRANSFORM_MATRICES:
         _TRANSFORM_MATRICES[key] = dct_matrix(n, torch.float64, device).to(dtype)
-    return _TRANSFORM_MATRICES[key]
+    return _TRANSFORM_MATRICES[key].narrow(1, 0, columns)
 
 
 def uses_pocketfft(x: torch.Tensor) -> bool:
@@ -328,31 +330,78 @@ def packing_order(real: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(place).scatter_(1, place, positions)
 
 
+def transform_length(length: int, lengths: tuple[int, ...]) -> int:
+    """The transform length of a sequence of ``length`` real tokens: the shortest of ``lengths`` (ascending) that holds
+    it."""
+    return next((n for n in lengths if n >= length), lengths[-1])
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows of a batch mixed together at one transform length ``n``: ``rows`` (an index, or None for every row),
+    cropped to their first ``length`` positions, which hold all their real tokens. ``select`` (B,), where given, marks
+    the rows whose result this group gives: traced, every group runs on every row (see :class:`SequenceLayout`)."""
+
+    n: int
+    length: int
+    rows: torch.Tensor | None = None
+    select: torch.Tensor | None = None
+
+    def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """This group's part of x (B, L, ...): its rows, cropped to ``length`` positions (or fewer, where x has)."""
+        if x is None:
+            return None
+        return (x if self.rows is None else x.index_select(0, self.rows))[:, : self.length]
+
+
 @dataclass(frozen=True)
 class SequenceLayout:
-    """Where the real tokens of a padded batch are, as the operator mixes it: computed once per call from the
-    attention mask (by ``OrchidModel`` for all its layers, or by an ``OrchidOperator`` called on its own).
+    """Where the real tokens of a padded batch are, and at which transform length each row is mixed: computed once per
+    call from the attention mask (by ``OrchidModel`` for all its layers, or by an ``OrchidOperator`` called on its
+    own).
 
-    Orchid mixes each sequence through a transform of fixed length from position 0, so the same tokens give the same
-    outputs only if they start at position 0: rows padded on the left (or with holes) are gathered into ``order``
-    before mixing and scattered back after. ``mask`` (B, L, 1, bool) marks the real positions in that order."""
+    Orchid mixes each sequence through a transform from position 0, so the same tokens give the same outputs only if
+    they start at position 0: rows padded on the left (or with holes) are gathered into ``order`` before mixing and
+    scattered back after. ``mask`` (B, L, 1, bool) marks the real positions in that order.
+
+    Each row is mixed at the shortest of the model's transform lengths that holds its real tokens, so that its cost
+    follows its own length, and its output does not depend on the rest of the batch. ``groups`` are the rows of each
+    transform length (:class:`RowGroup`). Eager, they are read from the mask's row lengths on the host, and each
+    group is cropped to its longest row. Under ``torch.compile`` and ``torch.export``, where a graph cannot depend on
+    values, every transform length up to the one that holds the padded length runs on every row, and each row takes
+    the result of its own (about twice the work of the longest, in one graph); the rows are first zero-padded to
+    ``padded_length``, so that every shape inside is fixed whatever the input's length. A row's real tokens give the
+    same outputs either way: beyond them everything is zero."""
 
     mask: torch.Tensor | None = None
     order: torch.Tensor | None = None
+    groups: tuple[RowGroup, ...] = ()
+    padded_length: int | None = None
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor | None) -> SequenceLayout:
-        """The layout of a batch whose ``attention_mask`` (B, L) holds only 0 and 1 (checked by the caller). Eager,
-        ``order`` is None where every row already has its real tokens first (right padding or none), which costs one
-        read of a value on the host; compiled, the order is always taken (the identity for right padding), since a
-        graph cannot branch on data."""
+    def from_mask(
+        cls, attention_mask: torch.Tensor | None, lengths: tuple[int, ...], length: int | None = None
+    ) -> SequenceLayout:
+        """The layout of a batch of ``length`` positions whose ``attention_mask`` (B, L) holds only 0 and 1 (checked
+        by the caller), for the transform lengths ``lengths`` (ascending). Eager, this reads values on the host once:
+        each row's count of real tokens, and whether every row's real tokens come first (then ``order`` is None);
+        compiled, the order is always taken (the identity for right padding)."""
         if attention_mask is None:
-            return cls()
+            if torch.compiler.is_compiling():
+                return cls(None, None, *traced_groups(None, length, lengths))
+            return cls(groups=(RowGroup(transform_length(length, lengths), length),))
         real = attention_mask.bool()
-        if not torch.compiler.is_compiling() and bool((real[:, 1:] <= real[:, :-1]).all()):
-            return cls(mask=real.unsqueeze(-1))
-        order = packing_order(real)
-        return cls(mask=gather_rows(real, order).unsqueeze(-1), order=order)
+        length = real.shape[1]
+        counts = real.sum(dim=1)
+        if torch.compiler.is_compiling():
+            order = packing_order(real)
+            return cls(gather_rows(real, order).unsqueeze(-1), order, *traced_groups(counts, length, lengths))
+        packed = (real[:, 1:] <= real[:, :-1]).all(dim=1)
+        values = torch.cat([counts, packed.all().unsqueeze(0).long()]).tolist()  # the one read on the host
+        counts_list, in_order = values[:-1], bool(values[-1])
+        order = None if in_order else packing_order(real)
+        mask = real.unsqueeze(-1) if order is None else gather_rows(real, order).unsqueeze(-1)
+        return cls(mask, order, eager_groups(counts_list, length, lengths, real.device))
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, L, ...) with each row's real tokens first."""
@@ -361,6 +410,37 @@ class SequenceLayout:
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`pack`: x back in the caller's order."""
         return x if self.order is None else scatter_rows(x, self.order)
+
+
+def eager_groups(counts: list[int], length: int, lengths: tuple[int, ...], device) -> tuple[RowGroup, ...]:
+    """The rows of each transform length, from every row's count of real tokens: one group of all rows (no index)
+    where they share one."""
+    rungs = [transform_length(max(count, 1), lengths) for count in counts]
+    groups = []
+    for n in sorted(set(rungs)):
+        members = [row for row, rung in enumerate(rungs) if rung == n]
+        crop = min(max(max(counts[row] for row in members), 1), length)
+        rows = None if len(members) == len(rungs) else torch.tensor(members, device=device)
+        groups.append(RowGroup(n, crop, rows))
+    return tuple(groups)
+
+
+def traced_groups(counts: torch.Tensor | None, length, lengths: tuple[int, ...]) -> tuple[tuple[RowGroup, ...], int]:
+    """Every transform length that a row of ``length`` positions may need, each over every row cropped or padded to
+    it, selecting the rows whose own it is; and the length the rows are padded to first. With a length known when
+    tracing, the lengths beyond the one that holds it are left out; with a symbolic one (a dynamic axis of an
+    export), all of them run. ``counts``: each row's real tokens (None: every position is real)."""
+    if isinstance(length, int):
+        lengths = tuple(n for n in lengths if n <= transform_length(length, lengths))
+    if counts is None or len(lengths) == 1:
+        # One transform length holds every row; without a mask, each row is as long as the input.
+        if len(lengths) == 1 or isinstance(length, int):
+            return (RowGroup(lengths[-1], lengths[-1]),), lengths[-1]
+        counts = torch.full((1,), length)
+    bounds = torch.tensor(lengths, device=counts.device)
+    # The first length that holds each row: the count of shorter ones (searchsorted, which has no ONNX translation).
+    rung = bounds[(counts.clamp_min(1).unsqueeze(-1) > bounds).sum(-1).clamp_max(len(lengths) - 1)]
+    return tuple(RowGroup(n, n, select=rung == n) for n in lengths), lengths[-1]
 
 
 def gather_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -421,13 +501,13 @@ def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> t
 # ---------------------------------------------------------------------------------------------
 
 
-def dct_matrix(n: int, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
-    """The orthonormal DCT-II matrix C (n, n): ``C[k, t] = sqrt(2 / n) cos(pi (2t + 1) k / 2n)``, row 0 over sqrt 2."""
+def dct_matrix(n: int, dtype: torch.dtype = torch.float64, device=None, columns: int | None = None) -> torch.Tensor:
+    """The orthonormal DCT-II matrix C (n, n), or its first ``columns`` columns: ``C[k, t] = sqrt(2 / n)
+    cos(pi (2t + 1) k / 2n)``, row 0 over sqrt 2."""
     k = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
-    t = torch.arange(n, dtype=dtype, device=device).unsqueeze(0)
-    matrix = math.sqrt(2.0 / n) * torch.cos(math.pi * (2 * t + 1) * k / (2 * n))
-    matrix[0] /= math.sqrt(2.0)
-    return matrix
+    t = torch.arange(n if columns is None else columns, dtype=dtype, device=device).unsqueeze(0)
+    scale = torch.where(k == 0, math.sqrt(1.0 / n), math.sqrt(2.0 / n))
+    return scale * torch.cos(math.pi * (2 * t + 1) * k / (2 * n))
 
 
 def dct_ref(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:

@@ -6,7 +6,7 @@ import copy
 
 from torch import nn
 
-from .modeling.orchid_layers import FoldedFilter, ImplicitFilter
+from .modeling.orchid_layers import FoldedFilter, ImplicitFilter, OrchidOperator
 
 
 def optimize_for_inference(model: nn.Module) -> nn.Module:
@@ -20,9 +20,11 @@ def optimize_for_inference(model: nn.Module) -> nn.Module:
     """
     fast = copy.deepcopy(model).eval().requires_grad_(False)
     for module in list(fast.modules()):
+        # An operator's filters serve each of its transform lengths: each is folded at every one.
+        lengths = module.transform_lengths if isinstance(module, OrchidOperator) else None
         for name, child in module.named_children():
             if isinstance(child, ImplicitFilter):
-                setattr(module, name, FoldedFilter(child))
+                setattr(module, name, FoldedFilter(child, lengths))
     return fast
 
 

@@ -39,6 +39,7 @@ from .data_files import DATA_BUILDERS, DataFile, check_text_columns, read_data_f
 from .hub import from_pretrained, require_hub  # noqa: E402
 from .metrics import load_metric  # noqa: E402
 from .model_loading import build_model  # noqa: E402
+from .modeling import OrchidPreTrainedModel  # noqa: E402
 from .optimization import OptimizerPlan, describe_schedule, plan_for_model  # noqa: E402
 from .recipes import Recipe, list_recipes  # noqa: E402
 from .runs import card_base_model, finish_run, save_metrics, setup_logging, start_run, train_and_save  # noqa: E402
@@ -304,9 +305,13 @@ def build_mlm_model(model_args: MlmModelArguments, recipe: Recipe, data_args: Ml
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}")
     max_positions = getattr(config, "max_position_embeddings", None)
     if max_positions is not None and data_args.max_seq_length > max_positions:
-        raise ValueError(
-            f"max_seq_length={data_args.max_seq_length} exceeds the model's max_position_embeddings={max_positions}"
-        )
+        if not (model_args.model_name_or_path and isinstance(model, OrchidPreTrainedModel)):
+            raise ValueError(
+                f"max_seq_length={data_args.max_seq_length} exceeds the model's max_position_embeddings={max_positions}"
+            )
+        # A pretrained Orchid model is extended to the longer blocks (docs/model.md, "Context extension").
+        logger.info(f"extending the model's context from {max_positions} to {data_args.max_seq_length} tokens")
+        model.resize_position_embeddings(data_args.max_seq_length)
     return model
 
 
