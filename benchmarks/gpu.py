@@ -41,7 +41,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -55,9 +54,9 @@ import torch
 from torch import nn
 
 from benchmarks.candidates import AttentionBlock, build_model, build_operator, make_step
-from benchmarks.measure import machine_info
+from benchmarks.measure import git_commit, machine_info
 from benchmarks.settings import parse_lengths, parse_names, parse_shapes
-from benchmarks.source_tree import REPO_ROOT, import_orchid_hf
+from benchmarks.source_tree import import_orchid_hf
 
 STAGES = ("correctness", "training", "speed", "recall")
 # Seconds per stage on the GPU. The run's own budget leaves room for the start-up (Python, imports) and one stage's
@@ -1318,18 +1317,6 @@ def markdown_recall(results: dict) -> list[str]:
 
 STAGE_FUNCTIONS = {"correctness": stage_correctness, "training": stage_training, "speed": stage_speed,
                    "recall": stage_recall}
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), where git and a repository are there."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if status else "")
 
 
 def versions() -> dict[str, str | None]:

@@ -363,6 +363,18 @@ def machine_info(threads: int, device: str = "cpu") -> dict:
     return info
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` for uncommitted changes), where git and a repository are there."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if status else "")
+
+
 def load_average() -> float:
     try:
         return round(os.getloadavg()[0], 2)

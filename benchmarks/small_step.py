@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.candidates import load_modeling, mlm_batch
-from benchmarks.measure import interleaved_times, machine_info
+from benchmarks.measure import git_commit, interleaved_times, machine_info
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE = 64, 2, 4, 256
 IMAGE_BATCH, IMAGE_SIZE, PATCH, CHANNELS, CLASSES = 64, 8, 2, 3, 10
@@ -133,17 +133,6 @@ def run(args: argparse.Namespace) -> dict:
         "machine": machine_info(args.threads),
         "rows": rows,
     }
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (with ``-dirty`` for uncommitted changes), or None outside git."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def markdown(result: dict) -> str:

@@ -83,7 +83,10 @@ def transform_matrix(n: int, columns: int, dtype: torch.dtype, device: torch.dev
         return dct_matrix(n, torch.float64, device, columns).to(dtype)
     key = (n, dtype, torch.device(device))
     if key not in _TRANSFORM_MATRICES:
-        _TRANSFORM_MATRICES[key] = dct_matrix(n, torch.float64, device).to(dtype)
+        # Made outside inference mode, where the first call may come from: an inference tensor could not be used
+        # by a later call that records autograd.
+        with torch.inference_mode(False):
+            _TRANSFORM_MATRICES[key] = dct_matrix(n, torch.float64, device).to(dtype)
     return _TRANSFORM_MATRICES[key].narrow(1, 0, columns)
 
 
@@ -506,7 +509,7 @@ def dct_matrix(n: int, dtype: torch.dtype = torch.float64, device=None, columns:
     cos(pi (2t + 1) k / 2n)``, row 0 over sqrt 2."""
     k = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
     t = torch.arange(n if columns is None else columns, dtype=dtype, device=device).unsqueeze(0)
-    scale = torch.where(k == 0, math.sqrt(1.0 / n), math.sqrt(2.0 / n))
+    scale = math.sqrt(2.0 / n) * (1.0 - (1.0 - math.sqrt(0.5)) * (k == 0).to(dtype))  # row 0: sqrt(1 / n)
     return scale * torch.cos(math.pi * (2 * t + 1) * k / (2 * n))
 
 

@@ -1,10 +1,11 @@
 """Each fast operation of modeling/orchid_ops.py against its plain reference (``*_ref``, written as the paper defines
-it), in float64, on both DCT backends; and the order that puts the real tokens of padded rows first."""
+it), in float64, on every DCT backend; and the order that puts the real tokens of padded rows first."""
 
 import pytest
 import torch
 from orchid_hf.modeling import orchid_ops
 from orchid_hf.modeling.orchid_ops import (
+    RowGroup,
     SequenceLayout,
     dct,
     dct_ref,
@@ -115,7 +116,7 @@ def test_packing_order_is_a_stable_sort_of_the_padding_and_the_layout_round_trip
     mask[2, :7] = False  # left padding
     expected = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices
     assert torch.equal(packing_order(mask), expected)
-    layout = SequenceLayout.from_mask(mask.long())
+    layout = SequenceLayout.from_mask(mask.long(), (11,))
     x = torch.randn(6, 11, 3, generator=generator)
     packed = layout.pack(x)
     for row in range(6):
@@ -128,6 +129,18 @@ def test_packing_order_is_a_stable_sort_of_the_padding_and_the_layout_round_trip
 def test_a_layout_of_rows_padded_on_the_right_takes_no_order():
     mask = torch.ones(3, 8, dtype=torch.long)
     mask[1, 5:] = 0
-    layout = SequenceLayout.from_mask(mask)
+    layout = SequenceLayout.from_mask(mask, (8,))
     assert layout.order is None and torch.equal(layout.mask[..., 0], mask.bool())
-    assert SequenceLayout.from_mask(None) == SequenceLayout()
+    assert SequenceLayout.from_mask(None, (8,), 8) == SequenceLayout(groups=(RowGroup(8, 8),))
+
+
+def test_a_first_transform_under_inference_mode_leaves_later_training_calls_working():
+    """The DCT matrices are kept between calls; one first made under torch.inference_mode() must serve autograd."""
+    orchid_ops._TRANSFORM_MATRICES.clear()
+    x = torch.randn(2, 24, 3)
+    with torch.inference_mode():
+        expected = dct(x, 1)
+    y = torch.randn(2, 24, 3, requires_grad=True)
+    dct(y, 1).square().sum().backward()
+    torch.testing.assert_close(dct(x, 1), expected)
+    assert y.grad is not None

@@ -521,7 +521,16 @@ class HostReads(TorchDispatchMode):
 
 
 def host_reads(model, **inputs) -> int:
-    with HostReads() as reads:
+    """How many times a call reads tensor values on the host: the dispatched reads, and ``tolist()``, which copies a
+    tensor's values without going through the dispatcher."""
+    tolist = torch.Tensor.tolist
+    with HostReads() as reads, pytest.MonkeyPatch.context() as patch:
+
+        def counted(tensor):
+            reads.count += 1
+            return tolist(tensor)
+
+        patch.setattr(torch.Tensor, "tolist", counted)
         model(**inputs)
     return reads.count
 
@@ -539,7 +548,8 @@ def test_a_forward_reads_values_on_the_host_as_often_whatever_the_depth(padding)
         model = OrchidForSequenceClassification(tiny_text_config(num_hidden_layers=layers)).eval()
         counts[layers] = (host_reads(model, **inputs), host_reads(model, **inputs, labels=torch.tensor([0, 1, 2])))
     assert counts[1] == counts[2] == counts[8]
-    # input_ids' range, the mask's values, whether the rows need reordering; the labels' range.
+    # input_ids' range, the mask's values, the layout (each row's length and whether the rows need reordering, in one
+    # read); the labels' range.
     assert counts[1] == (3, 4)
 
 
@@ -550,7 +560,7 @@ def test_an_operator_inside_the_model_neither_checks_nor_reorders_its_input():
     inputs["attention_mask"][0, :3] = 0
     with torch.no_grad():
         alone = host_reads(mixer, x=torch.randn(3, 10, 32), attention_mask=inputs["attention_mask"])
-    assert alone == 2  # on its own: the mask's values and the order of its rows
+    assert alone == 2  # on its own: the mask's values and the layout of its rows
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(type(mixer), "_check_inputs", lambda *args: pytest.fail("checked inside the model"))
         model(**inputs)
