@@ -423,6 +423,8 @@ def main(argv: list[str] | None = None) -> dict:
     results.update(
         recipe=parsed.recipe.name,
         model_type=trainer.model.config.model_type,
+        initialized_from=parsed.model_args.model_name_or_path or f"new {trainer.model.config.model_type} model",
+        max_seq_length=data_args.max_seq_length,
         num_parameters=sum(p.numel() for p in trainer.model.parameters()),
         learning_rate=training_args.learning_rate,
         optimizer=run.plan.describe(),

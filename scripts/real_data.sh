@@ -16,11 +16,17 @@
 #   bash scripts/real_data.sh run text-floor           # the grid's tasks by logistic regression on token frequencies
 #   bash scripts/real_data.sh run pair-probe           # the pair task by logistic regression on frozen features of
 #                                                      # both architectures, pretrained and at random initialisation
-#   bash scripts/real_data.sh report                   # docs/results/real_data.md, its JSON and plots, from the runs
+#   bash scripts/real_data.sh run long-context         # masked-LM pretraining of small models at 128, 512 and 2048
+#                                                      # tokens on the same number of tokens (Orchid and BERT from
+#                                                      # scratch, Orchid extended from 128 tokens), then each model
+#                                                      # scored on the held-out novel at every length it can read
+#   bash scripts/real_data.sh report                   # docs/results/real_data.md and long_context.md, their JSON and
+#                                                      # plots, from the runs
 #
 # `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
 # thread, so the two cores are shared alike by the models compared; the `grid` stage then goes task by task, each
-# task's seeds in a second queue after its grid points. A job whose output folder already holds results.json (a
+# task's seeds in a second queue after its grid points, and `long-context` in three queues (the runs from scratch
+# and the model to extend, the extensions, the evaluations). A job whose output folder already holds results.json (a
 # finished run) is skipped, so a stopped `run` picks up where it was: delete a run's folder to run it again. NICE
 # (default 0) is the niceness of every job. DATA is the folder of ../shared/data's layout (austen/,
 # bert-base-uncased/, fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands in the order
@@ -45,6 +51,21 @@ ORCHID_IMAGE=image_size=28,num_channels=1,patch_size=4,hidden_size=128,num_hidde
 VIT_IMAGE=$ORCHID_IMAGE,num_attention_heads=4
 FASHION_CLASSES=("T-shirt/top" Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag "Ankle boot")
 
+# The long-context comparison (docs/results/long_context.md): small models, the same width, depth and MLP size for
+# both architectures; each length of CONTEXT_LENGTHS trains CONTEXT_STEPS steps of CONTEXT_TOKENS_PER_STEP tokens
+# (CONTEXT_TOKENS_PER_STEP / length blocks a step), so every run sees the same number of training tokens. The
+# extended Orchid models start from one pretrained at the shortest length for CONTEXT_BASE_STEPS of those steps and
+# train the rest at their length. CONTEXT_BERT_LENGTHS narrows BERT's runs.
+ORCHID_CONTEXT=hidden_size=128,num_hidden_layers=4,intermediate_size=512
+BERT_CONTEXT=$ORCHID_CONTEXT,num_attention_heads=4
+CONTEXT_LENGTHS=${CONTEXT_LENGTHS:-"128 512 2048"}
+CONTEXT_BERT_LENGTHS=${CONTEXT_BERT_LENGTHS:-$CONTEXT_LENGTHS}
+CONTEXT_STEPS=${CONTEXT_STEPS:-400}
+CONTEXT_BASE_STEPS=${CONTEXT_BASE_STEPS:-300}
+CONTEXT_TOKENS_PER_STEP=${CONTEXT_TOKENS_PER_STEP:-4096}
+# The recipe's evaluations during training read this many held-out tokens at every length.
+CONTEXT_EVAL_TOKENS=${CONTEXT_EVAL_TOKENS:-32768}
+
 # Runs the commands read from stdin, one per line, JOBS at a time, at niceness NICE; each one's output goes to the
 # log it names last. A command whose --output_dir holds results.json is skipped.
 run_all() {
@@ -60,6 +81,22 @@ MLM="--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/va
 --tokenizer_name $OUT/austen/tokenizer --max_seq_length 128 --per_device_train_batch_size 32 \
 --per_device_eval_batch_size 32 --max_steps 400 --eval_strategy steps --eval_steps 50 --logging_steps 10 \
 --max_eval_samples 256 --eval_before_training --save_strategy no --report_to none --threads $THREADS --seed 0 --bf16 False"
+
+# Pretraining at LENGTH tokens for STEPS steps on the MLM corpus, with the MLM runs' settings, evaluated by the recipe
+# before training and four times during it: `context_args LENGTH STEPS`.
+context_args() {
+    local blocks=$((CONTEXT_TOKENS_PER_STEP / $1))
+    echo "--train_file $OUT/austen/mlm/train.txt --validation_file $OUT/austen/mlm/validation.txt \
+--max_seq_length $1 --per_device_train_batch_size $blocks --per_device_eval_batch_size $blocks --max_steps $2 \
+--eval_strategy steps --eval_steps $(($2 / 4)) --logging_steps 10 --max_eval_samples $((CONTEXT_EVAL_TOKENS / $1)) \
+--eval_before_training --save_strategy no --report_to none --threads $THREADS --seed 0 --bf16 False --disable_tqdm True"
+}
+
+# GNU time's report on the command that follows it (with its peak memory, `Maximum resident set size`) in
+# OUT/NAME.time: `timed NAME`.
+timed() {
+    echo "/usr/bin/time -v -o $OUT/$1.time"
+}
 
 # Fine-tuning on TASK (a folder of prepare: attribution-128, attribution-512, pairs-128; its number is the sequence
 # length), trained on the TRAIN file and evaluated on the EVAL file of that folder: `finetune_args TASK TRAIN EVAL`.
@@ -202,6 +239,45 @@ jobs() {
             done
         done
         ;;
+    long-context)
+        # Phase 1: the runs from scratch at every length and the Orchid model to extend; phase 2: its extensions;
+        # phase 3: every model scored at every length (scripts/long_context_eval.py).
+        local short=${CONTEXT_LENGTHS%% *} length name model
+        local base=ctx-orchid-$short-base rest=$((CONTEXT_STEPS - CONTEXT_BASE_STEPS))
+        local scratch=() extended=()
+        for length in $CONTEXT_LENGTHS; do
+            scratch+=("ctx-orchid-$length")
+            [[ " $CONTEXT_BERT_LENGTHS " == *" $length "* ]] && scratch+=("ctx-bert-$length")
+            [ "$length" = "$short" ] || extended+=("ctx-orchid-$length-extended")
+        done
+        if [ "$phase" = 1 ]; then
+            for name in "${scratch[@]}"; do
+                length=${name##*-}
+                model="--config_overrides $ORCHID_CONTEXT,max_position_embeddings=$length"
+                [[ $name == ctx-bert-* ]] && model="--model_type bert --config_overrides \
+$BERT_CONTEXT,max_position_embeddings=$length"
+                echo "$(timed "$name") $PY scripts/pretrain_mlm.py $(context_args "$length" "$CONTEXT_STEPS") $model \
+--tokenizer_name $OUT/austen/tokenizer --output_dir $OUT/$name > $OUT/$name.log 2>&1"
+            done
+            echo "$(timed "$base") $PY scripts/pretrain_mlm.py $(context_args "$short" "$CONTEXT_BASE_STEPS") \
+--config_overrides $ORCHID_CONTEXT,max_position_embeddings=$short --tokenizer_name $OUT/austen/tokenizer \
+--output_dir $OUT/$base > $OUT/$base.log 2>&1"
+        elif [ "$phase" = 2 ]; then
+            for name in "${extended[@]}"; do
+                length=${name%-extended}
+                length=${length##*-}
+                # The recipe extends the checkpoint's context to --max_seq_length (docs/model.md, "Context extension").
+                echo "$(timed "$name") $PY scripts/pretrain_mlm.py $(context_args "$length" "$rest") \
+--model_name_or_path $OUT/$base --output_dir $OUT/$name > $OUT/$name.log 2>&1"
+            done
+        else
+            for name in "${scratch[@]}" "$base" "${extended[@]}"; do
+                echo "$PY scripts/long_context_eval.py --model_name_or_path $OUT/$name \
+--validation_file $OUT/austen/mlm/validation.txt --train_file $OUT/austen/mlm/train.txt --lengths $CONTEXT_LENGTHS \
+--one_transform_length --threads $THREADS --output_dir $OUT/ctx-eval-${name#ctx-} > $OUT/ctx-eval-${name#ctx-}.log 2>&1"
+            done
+        fi
+        ;;
     images)
         local common="--train_dir $DATA/fashion-mnist --class_names ${FASHION_CLASSES[*]@Q} \
 --recipe orchid-vit-digits --num_train_epochs 5 --warmup_epochs 1 --crop_padding 2 --hflip True \
@@ -218,13 +294,18 @@ jobs() {
     esac
 }
 
-STAGES=" pretrain bert-lr attribution attribution-variants pairs grid text-floor pair-probe images "
+STAGES=" pretrain bert-lr attribution attribution-variants pairs grid text-floor pair-probe images long-context "
 # The queues of the STAGES given, in order, each as its commands followed by an empty line: the stages other than
-# the grid in one queue, then for each task of the grid its points, then its seeds.
+# the grid and long-context in one queue, then for each task of the grid its points, then its seeds, then the three
+# phases of long-context.
 queues() {
-    local stage task phase grid=no
+    local stage task phase grid=no context=no
     for stage in "$@"; do
-        if [ "$stage" = grid ]; then grid=yes; else jobs "$stage"; fi
+        case "$stage" in
+        grid) grid=yes ;;
+        long-context) context=yes ;;
+        *) jobs "$stage" ;;
+        esac
     done
     echo
     if [ $grid = yes ]; then
@@ -233,6 +314,12 @@ queues() {
                 jobs grid $phase "$task"
                 echo
             done
+        done
+    fi
+    if [ $context = yes ]; then
+        for phase in 1 2 3; do
+            jobs long-context $phase
+            echo
         done
     fi
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Tables, plots and the README's headline table of docs/results/real_data.md:
+"""Tables, plots and the README's headline table of docs/results/real_data.md, and those of
+docs/results/long_context.md:
 
     python scripts/real_data_report.py --runs outputs/real_data     # keep one JSON per finished run, then render
     python scripts/real_data_report.py                              # render from the kept JSONs alone
@@ -7,8 +8,8 @@
         --grid_learning_rates 1e-4 3e-4 1e-3                       # print the grid's learning rate, chosen on the
                                                                     # validation chapters (scripts/real_data.sh)
 
-The JSONs go to --results (docs/results/real_data/); the generated blocks of --report and --readme are replaced,
-the rest of those files is left as written.
+The JSONs go to --results (docs/results/real_data/); the generated blocks of --report, --readme and
+--context_report are replaced, the rest of those files is left as written.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> dict | str:
     parser.add_argument("--results", default="docs/results/real_data", help="Where the per-run JSONs are kept.")
     parser.add_argument("--report", default="docs/results/real_data.md")
     parser.add_argument("--readme", default="README.md", help="Its headline block is filled too ('' for none).")
+    parser.add_argument("--context_report", default="docs/results/long_context.md",
+                        help="The long-context comparison's report, filled where there are its runs ('' for none).")
     parser.add_argument("--threads-per-run", type=int, default=1, help="Threads of each run (THREADS), for --runs.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (JOBS), for --runs.")
     parser.add_argument("--choose", default=None, metavar="GROUP",
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict | str:
     if args.runs:
         names = collect_runs(args.runs, args.results, args.threads_per_run, args.jobs)
         print(f"kept {len(names)} runs in {args.results}")
-    blocks = render_report(args.results, args.report, args.readme or None)
+    blocks = render_report(args.results, args.report, args.readme or None, args.context_report or None)
     print(blocks["headline"])
     return blocks
 

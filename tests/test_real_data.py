@@ -17,6 +17,7 @@ import torch
 
 from experiments.real_data.report import (
     ATTRIBUTION_RUN,
+    CONTEXT_RUN,
     GRID_RUN,
     PAIRS_RUN,
     PROBE_RUN,
@@ -26,6 +27,7 @@ from experiments.real_data.report import (
     render_report,
     replace_block,
     time_note,
+    time_report,
 )
 from orchid_hf.glue import main as finetune
 from orchid_hf.pretraining import main as pretrain
@@ -587,3 +589,351 @@ def test_run_skips_finished_runs_and_goes_task_by_task(tmp_path):
              for name in names]  # fmt: skip
     assert order == sorted(order, key=lambda key: (["attribution128", "attribution512", "pairs128"].index(key[0]),
                                                    key[1]))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The long-context comparison (experiments/real_data/long_context.py, scripts/long_context_eval.py, the report's
+# long-context blocks, scripts/real_data.sh's long-context stage)
+# ---------------------------------------------------------------------------------------------
+
+WORDS = ["anne", "walked", "home", "captain", "wentworth", "came", "to", "bath", "and", "the", "sea"]
+
+
+def word_tokenizer(folder: Path):
+    """A lower-cased WordPiece tokenizer of SPECIALS and WORDS, saved in ``folder`` (a tokenizer folder)."""
+    from transformers import BertTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(SPECIALS + WORDS) + "\n")
+    tokenizer = BertTokenizer.from_pretrained(folder, do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def word_text(paragraphs: int, seed: int = 0, words: list[str] = WORDS) -> str:
+    """Paragraphs of ``words`` drawn at random, one a line."""
+    rng = np.random.default_rng(seed)
+    return "\n".join(" ".join(rng.choice(words, size=rng.integers(5, 30))) for _ in range(paragraphs)) + "\n"
+
+
+def test_the_held_out_stream_is_masked_once_and_categorised(tmp_path):
+    """The stream joins documents with [SEP] as the recipe packs them; masks follow BERT's rule, never touch special
+    tokens and depend on the seed alone; a masked token is local, far or absent by where else its token stands
+    unmasked, and rare by its training count."""
+    from experiments.real_data.long_context import context_categories, mask_stream, seen_in_block, token_stream
+
+    tokenizer = word_tokenizer(tmp_path / "tok")
+    ids = {word: tokenizer.convert_tokens_to_ids(word) for word in WORDS}
+    sep = tokenizer.sep_token_id
+    assert token_stream(tokenizer, ["Anne walked", "  ", "home"]).tolist() == [ids["anne"], ids["walked"], sep,
+                                                                               ids["home"], sep]  # fmt: skip
+    with pytest.raises(ValueError, match="every document is blank"):
+        token_stream(tokenizer, ["", " "])
+
+    stream = token_stream(tokenizer, word_text(2000).splitlines())
+    special = tokenizer.all_special_ids
+    inputs, labels = mask_stream(stream, special, len(tokenizer), tokenizer.mask_token_id, 0.3, seed=0)
+    selected = labels != -100
+    assert abs(selected[stream != sep].mean() - 0.3) < 0.02 and not selected[stream == sep].any()
+    assert (labels[selected] == stream[selected]).all() and (inputs[~selected] == stream[~selected]).all()
+    masked = (inputs[selected] == tokenizer.mask_token_id).mean()
+    kept = (inputs[selected] == stream[selected]).mean()
+    assert abs(masked - 0.8) < 0.03 and 0.07 < kept < 0.15  # 10% kept, plus random draws that hit the token
+    again, _ = mask_stream(stream, special, len(tokenizer), tokenizer.mask_token_id, 0.3, seed=0)
+    other, _ = mask_stream(stream, special, len(tokenizer), tokenizer.mask_token_id, 0.3, seed=1)
+    assert (again == inputs).all() and not (other == inputs).all()
+
+    # Blocks of 5 (3 tokens of text) and 8 (6): a b e | a e e. Masked: b (1), the second a (3), the first e of the
+    # second short block (4).
+    a, b, e = ids["anne"], ids["walked"], ids["home"]
+    stream = np.array([a, b, e, a, e, e])
+    labels = np.full(6, -100)
+    labels[[1, 3, 4]] = stream[[1, 3, 4]]
+    assert np.flatnonzero(seen_in_block(stream, labels, 5)).tolist() == [4]
+    assert np.flatnonzero(seen_in_block(stream, labels, 8)).tolist() == [3, 4]
+    counts = np.full(len(tokenizer), 10)
+    counts[a] = 0
+    categories = context_categories(stream, labels, 5, 8, counts, rare_below=5)
+    assert {name: np.flatnonzero(where).tolist() for name, where in categories.items()} == {
+        "all": [1, 3, 4], "local": [4], "far": [3], "absent": [1], "rare": [3], "far, rare": [3]}  # fmt: skip
+    with pytest.raises(ValueError, match="short=8, long=5"):
+        context_categories(stream, labels, 8, 5, counts, 5)
+
+
+class EchoMaskedLM(torch.nn.Module):
+    """Logits that predict each position's input token, after checking each block as predict builds it: [CLS]
+    first, [SEP] last, padding after it and masked out."""
+
+    def __init__(self, vocab_size: int, cls: int, sep: int, pad: int, length: int):
+        super().__init__()
+        self.vocab_size, self.cls, self.sep, self.pad, self.length = vocab_size, cls, sep, pad, length
+        self.rows = []
+
+    def forward(self, input_ids, attention_mask):
+        assert input_ids.shape[1] <= self.length
+        for ids, mask in zip(input_ids, attention_mask):
+            real = int(mask.sum())
+            assert mask[:real].all() and not mask[real:].any() and (ids[real:] == self.pad).all()
+            assert ids[0] == self.cls and ids[real - 1] == self.sep
+            self.rows.append(real)
+        return type("Output", (), {"logits": 5.0 * torch.nn.functional.one_hot(input_ids, self.vocab_size).float()})
+
+
+def test_every_context_length_scores_the_same_masked_tokens(tmp_path):
+    """predict cuts the masked stream into blocks of each length (the last one shorter, padded) and puts each
+    prediction back at its stream position: a model that echoes its input predicts the masked input exactly there,
+    at every length and batch size."""
+    from experiments.real_data.long_context import mask_stream, predict, token_stream
+
+    tokenizer = word_tokenizer(tmp_path / "tok")
+    stream = token_stream(tokenizer, word_text(40).splitlines())
+    inputs, labels = mask_stream(stream, tokenizer.all_special_ids, len(tokenizer), tokenizer.mask_token_id, 0.3, 0)
+    special = {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id, "pad": tokenizer.pad_token_id}
+    selected = labels != -100
+    for length, tokens_per_batch in ((8, 32), (8, 8), (64, 256), (64, 64), (len(stream) + 2, 4096)):
+        model = EchoMaskedLM(len(tokenizer), special["cls"], special["sep"], special["pad"], length)
+        predictions, losses = predict(model, inputs, labels, length, special, tokens_per_batch)
+        assert (predictions[selected] == inputs[selected]).all() and (predictions[~selected] == -1).all()
+        assert np.isfinite(losses[selected]).all() and np.isnan(losses[~selected]).all()
+        assert sum(model.rows) == len(stream) + 2 * len(model.rows)  # every token read once, in blocks of length
+        assert model.rows[:-1] == [length] * (len(model.rows) - 1)
+    with pytest.raises(ValueError, match="length must be >= 3"):
+        predict(model, inputs, labels, 2, special)
+
+
+def save_masked_lms(folder: Path, tokenizer) -> dict[str, Path]:
+    """A tiny Orchid of 256 positions (transform lengths 128 and 256) and a tiny BERT of 256, each saved with the
+    tokenizer."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from orchid_hf import OrchidConfig, OrchidForMaskedLM
+
+    common = dict(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, intermediate_size=32,
+                  max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    models = {"orchid": OrchidForMaskedLM(OrchidConfig(**common, filter_width=16)),
+              "bert": BertForMaskedLM(BertConfig(**common, num_attention_heads=2))}  # fmt: skip
+    folders = {}
+    for name, model in models.items():
+        folders[name] = folder / name
+        model.save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    return folders
+
+
+def test_long_context_evaluation_reads_each_model_at_the_lengths_it_can(tmp_path):
+    """scripts/long_context_eval.py: every length scores the same masked tokens; BERT is not read beyond its
+    positions, Orchid is read there extended without training, and with one transform length it reads shorter blocks
+    at its longest transform length."""
+    from experiments.real_data.long_context import load_masked_lm
+
+    tokenizer = word_tokenizer(tmp_path / "tok")
+    folders = save_masked_lms(tmp_path, tokenizer)
+    (tmp_path / "validation.txt").write_text(word_text(60, seed=1))
+    others = [word for word in WORDS if word != "wentworth"]
+    (tmp_path / "train.txt").write_text(word_text(20, seed=2, words=others) + "wentworth " * 3 + "\n")
+    script = load_script("long_context_eval")
+    results = {}
+    for name, folder in folders.items():
+        results[name] = script.main(["--model_name_or_path", str(folder), "--validation_file",
+                                     str(tmp_path / "validation.txt"), "--train_file", str(tmp_path / "train.txt"),
+                                     "--lengths", "512", "64", "256", "--one_transform_length", "--threads", "1",
+                                     "--output_dir", str(tmp_path / f"eval-{name}")])  # fmt: skip
+        assert json.loads((tmp_path / f"eval-{name}" / "results.json").read_text()) == json.loads(
+            json.dumps(results[name]))
+    orchid, bert = results["orchid"], results["bert"]
+    assert orchid["tokens"] == bert["tokens"] == 510 * (orchid["tokens"] // 510) > 0
+    assert orchid["category_blocks"] == [64, 512]
+    settings = [(e["length"], e["one_transform_length"], e["how"]) for e in orchid["evaluations"]]
+    assert settings == [(64, False, "as trained"), (256, False, "as trained"),
+                        (512, False, "extended from 256 to 512 positions without training"),
+                        (64, True, "as trained, one transform length (256)")]  # fmt: skip
+    assert [(e["length"], e["how"]) for e in bert["evaluations"]] == [
+        (64, "as trained"), (256, "as trained"), (512, "its positions stop at 256")]  # fmt: skip
+    assert "categories" not in bert["evaluations"][2]
+    scored = [e["categories"] for r in (orchid, bert) for e in r["evaluations"] if "categories" in e]
+    assert len(scored) == 6
+    for categories in scored:
+        assert {name: c["count"] for name, c in categories.items()} == {
+            name: c["count"] for name, c in scored[0].items()}  # fmt: skip
+        assert categories["far"]["count"] + categories["local"]["count"] + categories["absent"]["count"] == (
+            categories["all"]["count"])
+        assert 0.0 <= categories["all"]["accuracy"] <= 1.0 and categories["all"]["loss"] > 0
+    # "wentworth" is the only word the training text holds fewer than 5 times.
+    assert 0 < scored[0]["rare"]["count"] < scored[0]["all"]["count"] / 5
+    # One transform length is a different reading of the same model at 64 tokens (256-point transforms, not 128).
+    default, one = (next(e for e in orchid["evaluations"] if e["length"] == 64 and e["one_transform_length"] == flag)
+                    for flag in (False, True))  # fmt: skip
+    assert default["categories"]["all"]["loss"] != one["categories"]["all"]["loss"]
+    for one_length, lengths in ((True, (256,)), (False, (128, 256))):
+        model, _ = load_masked_lm(folders["orchid"], 64, one_transform_length=one_length)
+        assert tuple(model.orchid.encoder.layer[0].mixer.transform_lengths) == lengths
+    # Extended without training: the checkpoint's positions repeated, not drawn afresh.
+    model, _ = load_masked_lm(folders["orchid"], 512)
+    saved, _ = load_masked_lm(folders["orchid"], 256)
+    table, old = model.orchid.embeddings.position_embeddings.weight, saved.orchid.embeddings.position_embeddings.weight
+    assert table.shape == (512, 16) and torch.equal(table[:256], old) and torch.equal(table[256:], old)
+    with pytest.raises(ValueError, match="one_transform_length is a setting of Orchid models"):
+        load_masked_lm(folders["bert"], 64, one_transform_length=True)
+
+
+def gnu_time_report(path: Path, megabytes: int) -> None:
+    """GNU time's report on a Python process that holds ``megabytes`` MB, as the long-context stage writes one."""
+    command = [sys.executable, "-c", f"block = bytearray({megabytes} * 2**20)"]
+    subprocess.run(["/usr/bin/time", "-v", "-o", str(path), *command], check=True)
+
+
+@pytest.mark.slow
+def test_long_context_report_comes_from_the_runs(tmp_path):
+    """Pretraining runs named as the long-context stage names them (from scratch at two lengths, a model to extend and
+    its extension, by the recipe's own path) and their evaluations: the tables add an extended model's steps, tokens
+    and time to its start's, take peak memory and commands from GNU time's reports, and show each evaluation's
+    numbers; the plot is drawn and only the generated blocks change."""
+    from experiments.real_data.report import CONTEXT_EVAL_RUN, check_same_masks
+
+    word_tokenizer(tmp_path / "tok")
+    (tmp_path / "train.txt").write_text(word_text(80, seed=3))
+    (tmp_path / "validation.txt").write_text(word_text(30, seed=4))
+    out = tmp_path / "runs"
+    common = ["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "validation.txt"),
+              "--eval_strategy", "steps", "--eval_steps", "2", "--logging_steps", "1", "--eval_before_training",
+              "--max_eval_samples", "4", "--cache_dir", str(tmp_path / "cache"), *QUIET]  # fmt: skip
+    tiny = "hidden_size=16,num_hidden_layers=1,intermediate_size=32,filter_width=16"
+    runs = {  # name: (length, blocks a step, steps, model arguments)
+        "ctx-orchid-16": (16, 4, 4, ["--config_overrides", f"{tiny},max_position_embeddings=16"]),
+        "ctx-orchid-32": (32, 2, 4, ["--config_overrides", f"{tiny},max_position_embeddings=32"]),
+        "ctx-bert-16": (16, 4, 4, ["--model_type", "bert", "--config_overrides",
+                                   f"{tiny.rsplit(',', 1)[0]},num_attention_heads=2,max_position_embeddings=16"]),
+        "ctx-orchid-16-base": (16, 4, 2, ["--config_overrides", f"{tiny},max_position_embeddings=16"]),
+        "ctx-orchid-32-extended": (32, 2, 2, ["--model_name_or_path", str(out / "ctx-orchid-16-base")]),
+    }  # fmt: skip
+    for megabytes, (name, (length, blocks, steps, model)) in enumerate(runs.items(), start=20):
+        tokenizer_args = [] if "--model_name_or_path" in model else ["--tokenizer_name", str(tmp_path / "tok")]
+        pretrain([*common, "--max_seq_length", str(length), "--per_device_train_batch_size", str(blocks),
+                  "--max_steps", str(steps), *model, *tokenizer_args, "--output_dir", str(out / name)])  # fmt: skip
+        assert CONTEXT_RUN.match(name)
+        if name != "ctx-orchid-16":  # a run without a report of GNU time shows no peak memory
+            gnu_time_report(out / f"{name}.time", megabytes)
+        evaluation = out / f"ctx-eval-{name.removeprefix('ctx-')}"
+        assert CONTEXT_EVAL_RUN.match(evaluation.name)
+        load_script("long_context_eval").main(["--model_name_or_path", str(out / name), "--validation_file",
+                                               str(tmp_path / "validation.txt"), "--train_file",
+                                               str(tmp_path / "train.txt"), "--lengths", "16", "32",
+                                               "--one_transform_length", "--output_dir", str(evaluation)])  # fmt: skip
+    extended = json.loads((out / "ctx-orchid-32-extended" / "results.json").read_text())
+    assert extended["initialized_from"] == str(out / "ctx-orchid-16-base") and extended["max_seq_length"] == 32
+    assert json.loads((out / "ctx-orchid-16" / "results.json").read_text())["initialized_from"] == "new orchid model"
+
+    results = tmp_path / "results"
+    names = collect_runs(out, results)
+    assert sorted(names) == sorted([*runs, *(f"ctx-eval-{name.removeprefix('ctx-')}" for name in runs)])
+    records = load_records(results)
+    assert len(records["context"]) == 5 and len(records["context-eval"]) == 5
+    record = json.loads((results / "ctx-orchid-32-extended.json").read_text())
+    assert (record["length"], record["start"], record["initialized_from"]) == (32, "extended", "ctx-orchid-16-base")
+    assert (record["steps"], record["blocks_per_step"], record["tokens"]) == (2, 2, 2 * 2 * 32)
+    own = time_report(out / "ctx-orchid-32-extended.time")
+    assert record["peak_memory_mib"] == own["peak_memory_mib"] > 24  # the process held 24 MB at least
+    assert record["command"] == own["command"] and "bytearray(24 * 2**20)" in record["command"]
+    assert json.loads((results / "ctx-orchid-16.json").read_text())["peak_memory_mib"] is None
+    base = json.loads((results / "ctx-orchid-16-base.json").read_text())
+
+    report = tmp_path / "long_context.md"
+    report = skeleton(tmp_path / "long_context.md", ["context-training", "context-accuracy", "context-commands"])
+    main_report = skeleton(tmp_path / "real_data.md", ["headline", "machine"])
+    blocks = load_script("real_data_report").main(["--results", str(results), "--report", str(main_report),
+                                                   "--readme", "", "--context_report", str(report)])  # fmt: skip
+    text = report.read_text()
+    assert text.startswith("# Report\n\nWritten by hand.") and text.endswith("The end.\n") and "\nold\n" not in text
+    for name in ("context-training", "context-accuracy", "context-commands"):
+        assert f"<!-- real-data:{name} -->\n{blocks[name]}\n<!-- /real-data:{name} -->" in text
+    # The extended model: its start's steps, tokens and time added, the higher peak memory.
+    row = next(line for line in blocks["context-training"].splitlines() if line.startswith("| Orchid 32, extended |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    seconds = (base["train_seconds"], record["train_seconds"])
+    memory = max(base["peak_memory_mib"], record["peak_memory_mib"])
+    assert cells[2:7] == ["2 at 16 + 2 at 32", "4 × 16 / 2 × 32", f"{(2 * 4 * 16 + 2 * 2 * 32) / 1e6:.2f}M",
+                          f"{sum(seconds) / 60:.1f} min ({seconds[0] / 60:.1f} + {seconds[1] / 60:.1f})",
+                          f"{memory:,.0f} MiB"]  # fmt: skip
+    assert cells[7] == f"{record['eval']['loss']:.3f} / {100 * record['eval']['masked_accuracy']:.1f}%"
+    assert "| Orchid 16 | 16 | 4 | 4 × 16 |" in blocks["context-training"] and "| – |" in blocks["context-training"]
+    # The accuracy tables: each cell from the evaluation's file; BERT not read beyond its positions; Orchid's untrained
+    # extension marked.
+    evaluation = {name: json.loads((out / f"ctx-eval-{name}" / "results.json").read_text())["evaluations"]
+                  for name in ("orchid-32", "orchid-16", "bert-16")}  # fmt: skip
+    tables = {}
+    for chunk in blocks["context-accuracy"].split("\n\n"):
+        if chunk.startswith(("Every masked token", "Far tokens", "Far and rare tokens")):
+            title, *rows = chunk.splitlines()
+            tables[title.split(":")[0]] = {row.split(" | ")[0].strip("| "): row.strip(" |").split(" | ")[1:]
+                                           for row in rows[2:]}  # fmt: skip
+
+    def cell(category, length_index, name):
+        value = evaluation[name][length_index]["categories"][category]
+        return f"{100 * value['accuracy']:.1f}{{}} ({value['loss']:.2f})"
+
+    assert tables["Far tokens"]["Orchid 32"] == ["32", cell("far", 0, "orchid-32").format(""),
+                                                 cell("far", 1, "orchid-32").format("")]  # fmt: skip
+    assert evaluation["orchid-16"][1]["how"] == "extended from 16 to 32 positions without training"
+    assert tables["Every masked token"]["Orchid 16"] == ["16", cell("all", 0, "orchid-16").format(""),
+                                                         cell("all", 1, "orchid-16").format("*")]  # fmt: skip
+    assert tables["Far and rare tokens"]["BERT 16"] == ["16", cell("far, rare", 0, "bert-16").format(""), "–"]
+    one_length = next(e for e in evaluation["orchid-32"] if e["one_transform_length"])
+    assert one_length["length"] == 16
+    assert tables["Every masked token"]["Orchid 32, one transform length"][1] == (
+        f"{100 * one_length['categories']['all']['accuracy']:.1f} ({one_length['categories']['all']['loss']:.2f})")
+    assert f"Masked tokens per category: all (every masked token): {one_length['categories']['all']['count']:,};" in (
+        blocks["context-accuracy"])
+    assert blocks["context-commands"].count("bytearray") == 4
+    assert (tmp_path / "long_context.png").stat().st_size > 0
+    # Evaluations that scored different tokens are refused, not put side by side.
+    changed = records["context-eval"]
+    changed[0]["evaluations"][0]["categories"]["far"]["count"] += 1
+    with pytest.raises(ValueError, match="score different masked tokens"):
+        check_same_masks(changed)
+    (tmp_path / "not-time.txt").write_text("elapsed: 3\n")
+    with pytest.raises(ValueError, match="is not a report of GNU time -v"):
+        time_report(tmp_path / "not-time.txt")
+
+
+def test_the_long_context_jobs_train_on_equal_tokens(tmp_path):
+    """scripts/real_data.sh's long-context stage: every run from scratch trains the same steps on the same tokens a
+    step at its length; the extensions start from the shortest length's model and finish the same steps; `run` goes
+    phase by phase (with `echo` as the Python, under GNU time), and every model is evaluated at every length."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": "echo", "JOBS": "2", "CONTEXT_STEPS": "40", "CONTEXT_BASE_STEPS": "30",
+           "CONTEXT_BERT_LENGTHS": "128 512"}  # fmt: skip
+    lines = subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "jobs", "long-context"], env=env,
+                           capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    name = {line: re.search(r"--output_dir \S+/(\S+)", line)[1] for line in lines}
+    training = [line for line in lines if "pretrain_mlm.py" in line]
+    assert [name[line] for line in training] == [
+        "ctx-orchid-128", "ctx-bert-128", "ctx-orchid-512", "ctx-bert-512", "ctx-orchid-2048", "ctx-orchid-128-base",
+        "ctx-orchid-512-extended", "ctx-orchid-2048-extended"]  # fmt: skip
+    for line in training:
+        match = CONTEXT_RUN.match(name[line])
+        length = int(re.search(r"--max_seq_length (\d+) ", line)[1])
+        blocks = int(re.search(r"--per_device_train_batch_size (\d+) ", line)[1])
+        steps = int(re.search(r"--max_steps (\d+) ", line)[1])
+        assert length == int(match["length"]) and blocks * length == 4096
+        assert steps == {None: 40, "base": 30, "extended": 10}[match["start"]]
+        assert line.startswith(f"/usr/bin/time -v -o {out}/{name[line]}.time echo scripts/pretrain_mlm.py ")
+        assert f"--train_file {out}/austen/mlm/train.txt --validation_file {out}/austen/mlm/validation.txt " in line
+        assert f"--max_eval_samples {32768 // length} " in line and "--seed 0 " in line
+        if match["start"] == "extended":
+            assert f"--model_name_or_path {out}/ctx-orchid-128-base " in line and "--config_overrides" not in line
+        else:
+            overrides = re.search(r"--config_overrides (\S+)", line)[1]
+            assert overrides.startswith("hidden_size=128,num_hidden_layers=4,intermediate_size=512,")
+            assert overrides.endswith(f"max_position_embeddings={length}")
+            assert ("num_attention_heads=4" in overrides) == (match["arch"] == "bert")
+    evaluations = [line for line in lines if "long_context_eval.py" in line]
+    assert [name[line] for line in evaluations] == [f"ctx-eval-{name[line].removeprefix('ctx-')}" for line in training]
+    assert all("--lengths 128 512 2048 " in line for line in evaluations)
+
+    subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "run", "long-context"], env=env, check=True)
+    logs = sorted(out.glob("*.log"), key=lambda path: path.stat().st_mtime_ns)
+    phases = [0 if CONTEXT_RUN.match(p.stem)["start"] in (None, "base") else 1 if CONTEXT_RUN.match(p.stem) else 2
+              for p in logs]  # fmt: skip
+    assert len(logs) == 16 and phases == sorted(phases)
+    report = time_report(out / "ctx-orchid-2048-extended.time")
+    assert report["command"].startswith("echo scripts/pretrain_mlm.py ") and report["peak_memory_mib"] > 0

@@ -42,9 +42,14 @@ IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 FLOOR_RUN = re.compile(r"^floor-(?P<task>attribution|pairs)-(?P<length>\d+)$")
 # probe-pairs-128-orchid-pretrained: logistic regression on a frozen model's features (scripts/pair_probe.py).
 PROBE_RUN = re.compile(r"^probe-(?P<task>pairs)-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|random)$")
+# The long-context comparison: ctx-orchid-2048 (pretrained from scratch at 2048 tokens), ctx-orchid-128-base (the
+# model that the extended runs start from), ctx-orchid-2048-extended (that model extended to 2048 tokens and trained
+# on); ctx-eval-orchid-2048: scripts/long_context_eval.py on the model of ctx-orchid-2048.
+CONTEXT_RUN = re.compile(r"^ctx-(?P<arch>[a-z]+)-(?P<length>\d+)(-(?P<start>base|extended))?$")
+CONTEXT_EVAL_RUN = re.compile(r"^ctx-eval-(?P<model>[a-z]+-\d+(-base|-extended)?)$")
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
-RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "probe", "image")
+RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "probe", "image", "context", "context-eval")
 MARKER = "<!-- real-data:{name} -->"
 END_MARKER = "<!-- /real-data:{name} -->"
 
@@ -270,6 +275,50 @@ def image_record(folder: Path, match: re.Match) -> dict:
     return record
 
 
+def time_report(path: Path) -> dict:
+    """What GNU time's report (``/usr/bin/time -v -o PATH COMMAND``) says of a run: its command and peak memory (the
+    maximum resident set size, in MiB); None for both where there is no report."""
+    if not path.is_file():
+        return {"command": None, "peak_memory_mib": None}
+    fields = dict(line.strip().split(": ", 1) for line in path.read_text().splitlines() if ": " in line)
+    if "Maximum resident set size (kbytes)" not in fields or "Command being timed" not in fields:
+        raise ValueError(f"{path} is not a report of GNU time -v: no 'Maximum resident set size (kbytes)' or "
+                         "'Command being timed' line")  # fmt: skip
+    return {"command": fields["Command being timed"].strip('"'),
+            "peak_memory_mib": int(fields["Maximum resident set size (kbytes)"]) / 1024}  # fmt: skip
+
+
+def context_record(folder: Path, match: re.Match) -> dict:
+    """A pretraining run of the long-context comparison: :func:`pretraining_record` with its block length, blocks a
+    step, training tokens, the run it started from (None for a new model), and command and peak memory from the GNU
+    time report beside its folder (``NAME.time``)."""
+    record = pretraining_record(folder, match["arch"])
+    results = _read(folder / "results.json")
+    blocks = _read(folder / "trainer_state.json")["train_batch_size"]
+    start = results["initialized_from"]
+    record.update(
+        kind="context",
+        length=int(results["max_seq_length"]),
+        start=match["start"] or "scratch",
+        initialized_from=None if start.startswith("new ") else Path(start).name,
+        blocks_per_step=blocks,
+        tokens=record["steps"] * blocks * int(results["max_seq_length"]),
+        **time_report(folder.parent / f"{folder.name}.time"),
+    )
+    if int(match["length"]) != record["length"]:
+        raise ValueError(f"{folder}: the run's name says {match['length']} tokens, its results.json "
+                         f"max_seq_length {record['length']}")  # fmt: skip
+    return record
+
+
+def context_eval_record(folder: Path, match: re.Match) -> dict:
+    """scripts/long_context_eval.py's results for the model of run ``ctx-MODEL``."""
+    results = _read(folder / "results.json")
+    keys = ("model_type", "max_position_embeddings", "tokens", "mlm_probability", "seed", "rare_below",
+            "category_blocks", "evaluations")  # fmt: skip
+    return {"kind": "context-eval", "model": match["model"], **{key: results[key] for key in keys}}
+
+
 def collect_runs(
     runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1, runs_at_a_time: int = 2
 ) -> list[str]:
@@ -294,6 +343,10 @@ def collect_runs(
             record = floor_record(folder, match)
         elif match := PROBE_RUN.match(name):
             record = probe_record(folder, match)
+        elif match := CONTEXT_EVAL_RUN.match(name):
+            record = context_eval_record(folder, match)
+        elif match := CONTEXT_RUN.match(name):
+            record = context_record(folder, match)
         else:
             continue
         write_json(results_dir / f"{name}.json", record)
@@ -624,6 +677,248 @@ def plot_confusion_matrices(records: list[dict], path: str | Path) -> None:
     figure.savefig(path, dpi=100)
 
 
+# ---------------------------------------------------------------------------------------------
+# The long-context comparison (docs/results/long_context.md)
+# ---------------------------------------------------------------------------------------------
+
+START_ORDER = {"scratch": 0, "base": 1, "extended": 2}
+CATEGORY_TEXT = {
+    "all": "every masked token",
+    "local": "its token unmasked elsewhere in its {short}-token block",
+    "far": "its token unmasked elsewhere in its {long}-token block but not in its {short}-token block",
+    "absent": "its token nowhere else unmasked in either block",
+    "rare": "its token seen fewer than {rare} times in the training novels",
+    "far, rare": "far and rare",
+}
+
+
+def _context_name(record: dict) -> str:
+    """A training run's model in words: architecture, context and how it was trained."""
+    name = f"{ARCH_NAMES.get(record['arch'], record['arch'])} {record['length']}"
+    if record["start"] == "extended":
+        return f"{name}, extended"
+    return f"{name}, {record['steps']} steps (start of the extended)" if record["start"] == "base" else name
+
+
+def _context_order(record: dict) -> tuple:
+    return (record["arch"] != "orchid", record["arch"], START_ORDER[record["start"]], record["length"])
+
+
+def context_runs(records: list[dict]) -> list[dict]:
+    """The training runs in table order, each with its totals: an extended run's ``total`` steps, tokens and
+    training time add those of the run it started from (``parts`` lists both runs), and its peak memory is the
+    higher of the two."""
+    by_name = {f"{r['arch']}-{r['length']}" + (f"-{r['start']}" if r["start"] != "scratch" else ""): r
+               for r in records}  # fmt: skip
+    runs = []
+    for record in sorted(records, key=_context_order):
+        parts = [record]
+        if record["initialized_from"]:
+            start = by_name.get(record["initialized_from"].removeprefix("ctx-"))
+            if start is None:
+                raise ValueError(f"run ctx-{record['arch']}-{record['length']}-{record['start']} started from "
+                                 f"{record['initialized_from']}, which has no record")  # fmt: skip
+            parts.insert(0, start)
+        memory = [p["peak_memory_mib"] for p in parts]
+        runs.append({
+            **record,
+            "parts": parts,
+            "total_steps": sum(p["steps"] for p in parts),
+            "total_tokens": sum(p["tokens"] for p in parts),
+            "total_seconds": sum(p["train_seconds"] for p in parts),
+            "total_peak_memory_mib": None if None in memory else max(memory),
+        })  # fmt: skip
+    return runs
+
+
+def context_training_table(records: list[dict]) -> str:
+    """Steps, tokens, training time and peak memory of every pretraining run of the long-context comparison, with the
+    recipe's own held-out evaluation at the end of training."""
+    rows = [
+        "| model | context | steps | blocks a step | training tokens | training time¹ | peak memory² | "
+        "recipe's held-out loss / accuracy³ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in context_runs(records):
+        parts = run["parts"]
+        steps = " + ".join(f"{p['steps']} at {p['length']}" for p in parts) if len(parts) > 1 else f"{run['steps']}"
+        blocks = " / ".join(f"{p['blocks_per_step']} × {p['length']}" for p in parts)
+        time = f"{run['total_seconds'] / 60:.1f} min"
+        if len(parts) > 1:
+            time += " (" + " + ".join(f"{p['train_seconds'] / 60:.1f}" for p in parts) + ")"
+        memory = run["total_peak_memory_mib"]
+        rows.append(
+            f"| {_context_name(run)} | {run['length']} | {steps} | {blocks} | {run['total_tokens'] / 1e6:.2f}M | "
+            f"{time} | {'–' if memory is None else f'{memory:,.0f} MiB'} | {run['eval']['loss']:.3f} / "
+            f"{100 * run['eval']['masked_accuracy']:.1f}% |"
+        )
+    return "\n".join(rows)
+
+
+def _context_evaluations(evals: list[dict]) -> list[tuple[str, dict, list[dict]]]:
+    """``(model name, training record key, evaluations)`` rows: each model's evaluations as trained, then (for
+    Orchid) those with one transform length, as separate rows."""
+    rows = []
+    for record in evals:
+        for one_length in (False, True):
+            entries = [e for e in record["evaluations"] if e["one_transform_length"] == one_length]
+            if entries:
+                rows.append((record["model"], one_length, entries))
+    return rows
+
+
+def check_same_masks(evals: list[dict]) -> dict[str, int]:
+    """The masked tokens per category, which every evaluation must share (the same text, masks and blocks); a
+    ``ValueError`` naming the model whose counts differ."""
+    counts = None
+    for record in evals:
+        for entry in record["evaluations"]:
+            if "categories" not in entry:
+                continue
+            these = {name: c["count"] for name, c in entry["categories"].items()}
+            if counts is None:
+                counts, first = these, record["model"]
+            elif these != counts:
+                raise ValueError(f"the evaluations of {first} and {record['model']} (length {entry['length']}) "
+                                 f"score different masked tokens: {counts} against {these}")  # fmt: skip
+    return counts or {}
+
+
+def context_accuracy_table(training: list[dict], evals: list[dict], category: str = "all") -> str:
+    """Held-out accuracy (and loss) of the masked tokens of ``category`` for every model at every length it read:
+    one row per model, and a row of its own for an Orchid model read with one transform length."""
+    names = {r["model"]: r for r in context_runs(training)}
+    lengths = sorted({e["length"] for r in evals for e in r["evaluations"]})
+    rows = [
+        "| model | trained at | " + " | ".join(f"{length} tokens" for length in lengths) + " |",
+        "|---|---|" + "---|" * len(lengths),
+    ]
+
+    def order(row):
+        run = names.get(row[0])
+        return (*(_context_order(run) if run else (True, row[0], 9, 0)), row[1])
+
+    for model, one_length, entries in sorted(_context_evaluations(evals), key=order):
+        run = names.get(model)
+        name = _context_name(run) if run else model
+        if one_length:
+            name += ", one transform length"
+        cells = []
+        for length in lengths:
+            entry = next((e for e in entries if e["length"] == length), None)
+            if entry is None or "categories" not in entry:
+                cells.append("–")
+                continue
+            value = entry["categories"][category]
+            mark = "*" if "without training" in entry["how"] else ""
+            cells.append(f"{100 * value['accuracy']:.1f}{mark} ({value['loss']:.2f})")
+        trained = run["length"] if run else next(r["max_position_embeddings"] for r in evals if r["model"] == model)
+        rows.append(f"| {name} | {trained} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def context_counts_note(evals: list[dict]) -> str:
+    """How many masked tokens each category holds, and what the categories are."""
+    counts = check_same_masks(evals)
+    record = evals[0]
+    short, long = record["category_blocks"]
+    described = [
+        f"{name} ({CATEGORY_TEXT[name].format(short=short, long=long, rare=record['rare_below'])}): {counts[name]:,}"
+        for name in CATEGORY_TEXT if name in counts
+    ]
+    return (
+        f"The held-out text: {record['tokens']:,} tokens of *Persuasion*, {100 * record['mlm_probability']:.0f}% of "
+        f"them masked once (seed {record['seed']}) for every model and length. Masked tokens per category: "
+        + "; ".join(described) + "."
+    )
+
+
+def context_commands(records: list[dict]) -> str:
+    """The command of every pretraining run, as GNU time recorded it."""
+    lines = [f"# {_context_name(r)}\n{r['command']}" for r in sorted(records, key=_context_order) if r["command"]]
+    return "```bash\n" + "\n".join(lines) + "\n```" if lines else ""
+
+
+def plot_context(training: list[dict], evals: list[dict], path: str | Path) -> None:
+    """Held-out accuracy against the context length read, one line per model, for every masked token, the far ones
+    and the far rare ones; untrained extensions as open markers."""
+    from orchid_hf.extras import require_extra
+
+    require_extra("matplotlib", "plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = {r["model"]: r for r in context_runs(training)}
+    categories = ("all", "far", "far, rare")
+    figure = Figure(figsize=(15, 4.8))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(categories))
+    rows = [row for row in _context_evaluations(evals) if not row[1]]
+    rows.sort(key=lambda row: _context_order(names[row[0]]) if row[0] in names else (True, row[0], 9, 0))
+    for model, _, entries in rows:
+        run = names.get(model)
+        label = _context_name(run) if run else model
+        read = [e for e in entries if "categories" in e]
+        for ax, category in zip(axes, categories):
+            xs = [e["length"] for e in read]
+            ys = [100 * e["categories"][category]["accuracy"] for e in read]
+            (line,) = ax.plot(xs, ys, marker="o", label=label, linestyle="--" if run and run["arch"] != "orchid"
+                              else "-")  # fmt: skip
+            untrained = [(x, y) for x, y, e in zip(xs, ys, read) if "without training" in e["how"]]
+            if untrained:
+                ax.plot(*zip(*untrained), marker="o", linestyle="none", markerfacecolor="white",
+                        markeredgecolor=line.get_color(), markersize=8)  # fmt: skip
+    for ax, category in zip(axes, categories):
+        ax.set_xscale("log", base=2)
+        lengths = sorted({e["length"] for r in evals for e in r["evaluations"]})
+        ax.set_xticks(lengths, [str(length) for length in lengths])
+        ax.set(xlabel="context read (tokens)", ylabel="held-out masked-token accuracy (%)",
+               title={"all": "every masked token", "far": "far: seen only in the longest block",
+                      "far, rare": "far and rare in training"}[category])  # fmt: skip
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    figure.suptitle("Masked LM on Persuasion (held out), by the context each model reads; open markers: Orchid "
+                    "extended without training")  # fmt: skip
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def render_context_report(records: dict[str, list[dict]], report: str | Path) -> dict[str, str]:
+    """Fill the ``context-training``, ``context-accuracy`` and ``context-commands`` blocks of ``report`` and draw
+    its plot next to it, from the long-context records; returns the blocks."""
+    report = Path(report)
+    training, evals = records["context"], records["context-eval"]
+    blocks = {}
+    if training:
+        blocks["context-training"] = (
+            f"{context_training_table(training)}\n\n¹ Wall-clock training time with evaluation left out (the "
+            "recipe's `train_seconds`). An extended model's steps, tokens and time add those of the model it started "
+            "from.\n\n² Peak memory of the whole process (GNU time's maximum resident set "
+            "size), the highest of both runs for an extended model.\n\n³ The recipe's evaluation at the end of "
+            "training, on the first held-out blocks of the model's own length (its own masks)."
+        )
+        blocks["context-commands"] = context_commands(training)
+    if evals:
+        plot = report.parent / "long_context.png"
+        plot_context(training, evals, plot)
+        tables = [
+            f"{title}\n\n{context_accuracy_table(training, evals, category)}"
+            for title, category in (("Every masked token: accuracy % (loss)", "all"),
+                                    ("Far tokens: accuracy % (loss)", "far"),
+                                    ("Far and rare tokens: accuracy % (loss)", "far, rare"))
+        ]  # fmt: skip
+        blocks["context-accuracy"] = (
+            "\n\n".join(tables) + "\n\n* Orchid extended to the length without training (docs/model.md, \"Context "
+            "extension\"); – not read (BERT's positions stop at its training length).\n\n"
+            f"{context_counts_note(evals)}\n\n![accuracy by context]({plot.name})"
+        )
+    text = report.read_text()
+    for name, content in blocks.items():
+        text = replace_block(text, name, content)
+    report.write_text(text)
+    return blocks
+
+
 def replace_block(text: str, name: str, content: str) -> str:
     """``text`` with what lies between the markers of block ``name`` replaced by ``content``."""
     start, end = MARKER.format(name=name), END_MARKER.format(name=name)
@@ -634,11 +929,16 @@ def replace_block(text: str, name: str, content: str) -> str:
     return f"{head}{start}\n{content}\n{end}{tail}"
 
 
-def render_report(results_dir: str | Path, report: str | Path, readme: str | Path | None = None) -> dict[str, str]:
+def render_report(
+    results_dir: str | Path,
+    report: str | Path,
+    readme: str | Path | None = None,
+    context_report: str | Path | None = None,
+) -> dict[str, str]:
     """Fill the blocks of ``report`` (``pretraining``, ``attribution``, ``pairs``, ``grid``, ``images``,
-    ``machine``, ``headline``; each only where there are records for it) and
-    the ``headline`` block of ``readme`` from the records in ``results_dir``; draw the two plots next to
-    ``report``. Returns the generated blocks."""
+    ``machine``, ``headline``; each only where there are records for it), the ``headline`` block of ``readme``
+    and those of ``context_report`` (:func:`render_context_report`, where there are long-context records) from the
+    records in ``results_dir``; draw the plots next to the reports. Returns the generated blocks."""
     records = load_records(results_dir)
     if not any(records[kind] for kind in RECORD_KINDS):
         raise ValueError(f"{results_dir} holds no records: run scripts/real_data_report.py --runs first")
@@ -678,6 +978,8 @@ def render_report(results_dir: str | Path, report: str | Path, readme: str | Pat
     if readme is not None:
         readme = Path(readme)
         readme.write_text(replace_block(readme.read_text(), "headline", blocks["headline"]))
+    if context_report is not None and (records["context"] or records["context-eval"]):
+        blocks.update(render_context_report(records, context_report))
     return blocks
 
 
@@ -685,10 +987,12 @@ __all__ = [
     "best_grid_point",
     "choose_learning_rate",
     "collect_runs",
+    "context_runs",
     "embedding_parameters",
     "grid_choices",
     "headline_table",
     "load_records",
+    "render_context_report",
     "render_report",
     "replace_block",
 ]
