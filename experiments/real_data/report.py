@@ -298,6 +298,7 @@ def context_record(folder: Path, match: re.Match) -> dict:
     start = results["initialized_from"]
     record.update(
         kind="context",
+        model=folder.name.removeprefix("ctx-"),
         length=int(results["max_seq_length"]),
         start=match["start"] or "scratch",
         initialized_from=None if start.startswith("new ") else Path(start).name,
@@ -708,16 +709,15 @@ def context_runs(records: list[dict]) -> list[dict]:
     """The training runs in table order, each with its totals: an extended run's ``total`` steps, tokens and
     training time add those of the run it started from (``parts`` lists both runs), and its peak memory is the
     higher of the two."""
-    by_name = {f"{r['arch']}-{r['length']}" + (f"-{r['start']}" if r["start"] != "scratch" else ""): r
-               for r in records}  # fmt: skip
+    by_name = {r["model"]: r for r in records}
     runs = []
     for record in sorted(records, key=_context_order):
         parts = [record]
         if record["initialized_from"]:
             start = by_name.get(record["initialized_from"].removeprefix("ctx-"))
             if start is None:
-                raise ValueError(f"run ctx-{record['arch']}-{record['length']}-{record['start']} started from "
-                                 f"{record['initialized_from']}, which has no record")  # fmt: skip
+                raise ValueError(f"run ctx-{record['model']} started from {record['initialized_from']}, which has "
+                                 "no record")  # fmt: skip
             parts.insert(0, start)
         memory = [p["peak_memory_mib"] for p in parts]
         runs.append({
@@ -756,8 +756,8 @@ def context_training_table(records: list[dict]) -> str:
 
 
 def _context_evaluations(evals: list[dict]) -> list[tuple[str, dict, list[dict]]]:
-    """``(model name, training record key, evaluations)`` rows: each model's evaluations as trained, then (for
-    Orchid) those with one transform length, as separate rows."""
+    """``(model, one transform length, evaluations)`` rows: each model's evaluations as trained, then (for Orchid)
+    those with one transform length, as a row of their own."""
     rows = []
     for record in evals:
         for one_length in (False, True):
