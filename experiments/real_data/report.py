@@ -810,6 +810,9 @@ def context_accuracy_table(training: list[dict], evals: list[dict], category: st
                 cells.append("–")
                 continue
             value = entry["categories"][category]
+            if value["accuracy"] is None:  # no masked token of this category at this length
+                cells.append("–")
+                continue
             mark = "*" if "without training" in entry["how"] else ""
             cells.append(f"{100 * value['accuracy']:.1f}{mark} ({value['loss']:.2f})")
         trained = run["length"] if run else next(r["max_position_embeddings"] for r in evals if r["model"] == model)
@@ -861,7 +864,8 @@ def plot_context(training: list[dict], evals: list[dict], path: str | Path) -> N
         read = [e for e in entries if "categories" in e]
         for ax, category in zip(axes, categories):
             xs = [e["length"] for e in read]
-            ys = [100 * e["categories"][category]["accuracy"] for e in read]
+            # A category without tokens at some length has no accuracy there: a gap in its line.
+            ys = [float("nan") if (acc := e["categories"][category]["accuracy"]) is None else 100 * acc for e in read]
             (line,) = ax.plot(xs, ys, marker="o", label=label, linestyle="--" if run and run["arch"] != "orchid"
                               else "-")  # fmt: skip
             untrained = [(x, y) for x, y, e in zip(xs, ys, read) if "without training" in e["how"]]
