@@ -383,6 +383,17 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"OrchidConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
 
+    def validate(self) -> None:
+        """PreTrainedConfig's validation, which ``save_pretrained`` runs: each of its validators, with this class's
+        own ``validate_layer_type`` (transformers' allows only transformers' layer names, which "orchid" is not)."""
+        for name in dir(PreTrainedConfig):
+            if name.startswith("validate_") and callable(getattr(PreTrainedConfig, name)):
+                getattr(self, name)()
+
+    def validate_layer_type(self) -> None:
+        """``layer_types`` with Orchid's layer types (:meth:`_check_mixers`)."""
+        self._check_mixers()
+
     def _check_mixers(self) -> None:
         """A ValueError naming the field, for the image mixer, the filters' window and the layer types."""
         if self.image_mixer not in IMAGE_MIXERS:

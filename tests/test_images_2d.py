@@ -327,7 +327,7 @@ def test_the_windows_dimensional_by_default_and_symmetric_as_a_setting():
     assert torch.all(flat.envelope() == 1)
 
 
-def test_the_filters_are_exact_after_casts_and_on_reload(tmp_path):
+def test_the_filters_are_exact_after_casts():
     model = OrchidForImageClassification(tiny_2d_config(filter_window="symmetric"))
     mixer = model.orchid.encoder.layer[0].mixer
     exact = {name: buffer.clone() for name, buffer in mixer.static_filter.named_buffers()}
@@ -409,7 +409,7 @@ BAD_CONFIGS = [
     (dict(filter_window="round"), r"OrchidConfig.filter_window must be one of \('dimensional', 'symmetric'\)"),
     (dict(image_mixer="1d", filter_window="symmetric"), r"filter_window='symmetric' is the window of the 2-D"),
     (dict(layer_types="hyena-first"), r"OrchidConfig.layer_types='hyena-first' is not a short form; use one of"),
-    (dict(layer_types=["orchid", "mamba"]), r"OrchidConfig.layer_types must be a list of \('orchid', "),
+    (dict(layer_types=["orchid", "sliding_attention"]), r"OrchidConfig.layer_types must be a list of \('orchid', "),
     (dict(layer_types=["orchid"]), r"OrchidConfig.layer_types has 1 entries, num_hidden_layers=2"),
     (dict(layer_types="alternate", num_attention_heads=5), r"num_attention_heads=5 must be a positive integer "
      r"dividing hidden_size=32"),
@@ -600,7 +600,7 @@ def test_half_precision_runs_the_transforms_in_float32(transform):
     x = pixels()
     with torch.no_grad():
         expected = model(pixel_values=x).logits
-        half = OrchidForImageClassification.from_config(model.config, dtype=torch.bfloat16)
+        half = AutoModelForImageClassification.from_config(model.config, dtype=torch.bfloat16)
         half.load_state_dict(model.state_dict())
         mixer = half.orchid.encoder.layer[0].mixer
         assert mixer.static_filter.skip.dtype == torch.float32 and mixer.in_proj.weight.dtype == torch.bfloat16
