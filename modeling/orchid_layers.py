@@ -24,13 +24,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .orchid_ops import (
+    ALL_CHANNELS,
     SequenceLayout,
+    channel_blocks,
     dct,
     forward_transform,
     gated_long_convolution,
     kernel_spectrum,
     long_convolution,
     masked,
+    of_channels,
     short_convolution,
     zero_padded,
 )
@@ -104,11 +107,13 @@ class ShortConvolution(nn.Module):
         bound = 1 / math.sqrt(self.kernel_size)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS):
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
-        transform is zero-padded to it, so its circle closes over zeros."""
+        transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
+        of the module's channels x holds (the operator mixes long inputs a block of channels at a time)."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        return short_convolution(x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.circular and wrap)
+        weight, bias = of_channels(self.weight, channels, 0).to(x.dtype), of_channels(self.bias, channels).to(x.dtype)
+        return short_convolution(x, weight, bias, self.circular and wrap)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel_size={self.kernel_size}, circular={self.circular}"
@@ -122,9 +127,11 @@ class ShortConvolutionStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ShortConvolution(channels, kernel_size, circular) for _ in range(depth))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True, channels: slice = ALL_CHANNELS
+    ) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(masked(x, mask), wrap)
+            x = layer(masked(x, mask), wrap, channels)
         return masked(x, mask)
 
 
@@ -378,22 +385,25 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
         self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers)
 
-    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
+    ) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
-        for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
+        for the DCT, (B, n // 2 + 1, C) complex for the FFT. ``channels``: which of the network's channels u holds."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
-        key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
+        key = forward_transform(self.time_conv(u, mask, wrap, channels), self.transform, n)
         if self.conditioning == "abs":
-            return self.frequency_convolution(key.abs())
-        query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
-        return self.frequency_convolution(cross_spectrum(key, query, self.activation))
+            return self.frequency_convolution(key.abs(), channels)
+        query = forward_transform(self.query_conv(u, mask, wrap, channels), self.transform, n)
+        return self.frequency_convolution(cross_spectrum(key, query, self.activation), channels)
 
-    def frequency_convolution(self, spectrum: torch.Tensor) -> torch.Tensor:
+    def frequency_convolution(self, spectrum: torch.Tensor, channels: slice = ALL_CHANNELS) -> torch.Tensor:
         """Conv1d_freq: a real convolution over frequency, on the real and imaginary parts alike of a complex
         spectrum."""
         if torch.is_complex(spectrum):
-            return torch.complex(self.freq_conv(spectrum.real), self.freq_conv(spectrum.imag))
-        return self.freq_conv(spectrum)
+            real, imag = (self.freq_conv(part, channels=channels) for part in (spectrum.real, spectrum.imag))
+            return torch.complex(real, imag)
+        return self.freq_conv(spectrum, channels=channels)
 
 
 def cross_spectrum(key: torch.Tensor, query: torch.Tensor, activation: str) -> torch.Tensor:
@@ -710,19 +720,44 @@ class OrchidOperator(nn.Module):
     def _convolve(self, n, x, projected, mask, source, source_mask) -> torch.Tensor:
         """Between the projections, at transform length n: the short convolution, the kernel h = h0 + h_theta(v) in
         the transform domain, ``y = s2 * (h * (s1 * v))``, and the residual long convolution of the block input
-        (App. C.3)."""
-        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
-        s1, s2, v = self.short_conv(projected, wrap).chunk(3, dim=-1)
+        (App. C.3). Without autograd, a long input a block of channels at a time (:func:`channel_blocks`)."""
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            kernel = self.static_filter.spectrum(dtype, n)
-            if self.conditioning is not None:
-                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask)
-            y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-            if self.residual_filter is not None:
-                y = y + long_convolution(x.to(dtype), self.residual_filter.spectrum(dtype, n), self.transform, n)
+            static = self.static_filter.spectrum(dtype, n)
+            residual = None if self.residual_filter is None else self.residual_filter.spectrum(dtype, n)
+            blocks = [ALL_CHANNELS]
+            if not (torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()):
+                blocks = channel_blocks(self.d_model, x.shape[0] * n)
+            # s1, s2 and v of each block, side by side: one pass over in_proj's output (B, L, 3 * d_model).
+            gates = [projected] if len(blocks) == 1 else [
+                part.flatten(-2) for part in projected.unflatten(-1, (3, self.d_model)).split(
+                    [block.stop - block.start for block in blocks], dim=-1)
+            ]
+            inputs = (n, x, mask, source, source_mask, static, residual, dtype)
+            parts = [self._convolve_channels(block, gate, *inputs) for block, gate in zip(blocks, gates)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return masked(y, mask).to(x.dtype)
+
+    def _convolve_channels(
+        self, channels, gates, n, x, mask, source, source_mask, static, residual, dtype
+    ) -> torch.Tensor:
+        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``source``,
+        ``static`` and ``residual`` (the filters' multipliers) hold all channels."""
+        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
+        weights = ALL_CHANNELS
+        if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
+            index = torch.arange(channels.start, channels.stop, device=x.device)
+            weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
+        s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
+        kernel = of_channels(static, channels)
+        if self.conditioning is not None:
+            kernel = kernel + self.conditioning(of_channels(source, channels).to(dtype), n, source_mask, channels)
+        y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
+        if residual is not None:
+            multiplier = of_channels(residual, channels)
+            y = y + long_convolution(of_channels(x, channels).to(dtype), multiplier, self.transform, n)
+        return y
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None

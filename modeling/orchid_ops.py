@@ -309,6 +309,31 @@ def gated_long_convolution(
     return long_convolution(u, multiplier, transform, n) * s2
 
 
+# Without autograd, the operator mixes a long input a block of channels at a time: every step between its projections
+# acts on each channel alone, and a block whose (tokens, channels) tensors hold about this many numbers (2 MiB in
+# float32) stays in the CPU's caches, where the whole width's tensors do not (`scripts/benchmark.py --profile 1x4096`
+# shows the transforms, products and short convolutions gaining). Under autograd, blocks would only add copies.
+CHANNEL_BLOCK_ELEMENTS = 2**19
+MIN_CHANNEL_BLOCK = 32
+ALL_CHANNELS = slice(None)
+
+
+def of_channels(x: torch.Tensor, channels: slice | torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """x's ``channels`` (a slice or an index) along ``dim``; x itself for ``ALL_CHANNELS``, without an indexing op
+    (an exported graph has no translation of one on a complex tensor)."""
+    return x if channels is ALL_CHANNELS else x[(slice(None),) * (dim % x.dim()) + (channels,)]
+
+
+def channel_blocks(channels: int, tokens: int) -> list[slice]:
+    """Consecutive ranges of ``channels`` for ``tokens`` positions per channel, each of about
+    ``CHANNEL_BLOCK_ELEMENTS`` numbers and at least ``MIN_CHANNEL_BLOCK`` channels; one range of all channels where
+    that would make fewer than four blocks, which would gain little."""
+    width = max(CHANNEL_BLOCK_ELEMENTS // tokens // MIN_CHANNEL_BLOCK * MIN_CHANNEL_BLOCK, MIN_CHANNEL_BLOCK)
+    if 4 * width > channels:
+        return [ALL_CHANNELS]
+    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Masks and the order of padded rows
 # ---------------------------------------------------------------------------------------------
