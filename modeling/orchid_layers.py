@@ -30,6 +30,7 @@ from .orchid_ops import (
     dct,
     forward_transform,
     gated_long_convolution,
+    is_traced,
     kernel_spectrum,
     long_convolution,
     masked,
@@ -727,7 +728,7 @@ class OrchidOperator(nn.Module):
             static = self.static_filter.spectrum(dtype, n)
             residual = None if self.residual_filter is None else self.residual_filter.spectrum(dtype, n)
             blocks = [ALL_CHANNELS]
-            if not (torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()):
+            if not (torch.is_grad_enabled() or is_traced()):
                 blocks = channel_blocks(self.d_model, x.shape[0] * n)
             # s1, s2 and v of each block, side by side: one pass over in_proj's output (B, L, 3 * d_model).
             gates = [projected] if len(blocks) == 1 else [

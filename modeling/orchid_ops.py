@@ -196,6 +196,12 @@ def is_exporting() -> bool:
     return exporting is not None and exporting()
 
 
+def is_traced() -> bool:
+    """Whether the call is being compiled, exported or traced into a graph, where shapes may be symbolic and a branch
+    on one would tie the graph to one side of it."""
+    return torch.compiler.is_compiling() or is_exporting() or torch.jit.is_tracing()
+
+
 def _makhoul_order(n: int) -> list[int]:
     """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
     return list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
