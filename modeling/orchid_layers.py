@@ -285,9 +285,9 @@ class ImplicitFilter(DerivedBuffers):
             return buffer[:n]
         return torch.cat([buffer[: n // 2 + 1], buffer[self.length - (n - 1 - n // 2) :]])
 
-    def envelope(self, n: int | None = None) -> torch.Tensor:
+    def envelope(self, n: int | None = None, channels: slice = ALL_CHANNELS) -> torch.Tensor:
         """``exp(-|t| * rate_c)`` on the lags of a length-``n`` kernel (default ``length``), (n, channels), float32."""
-        return torch.exp(-self.lags_of(self.decay_lags, n) * self.channel_rates)
+        return torch.exp(-self.lags_of(self.decay_lags, n) * of_channels(self.channel_rates, channels))
 
     def forward(self, n: int | None = None) -> torch.Tensor:
         """The kernel h0 in the time domain for transform length ``n`` (default ``length``), (n, channels), in the
@@ -299,12 +299,21 @@ class ImplicitFilter(DerivedBuffers):
         # The skip parameter tells the filter's dtype; the constant features follow it.
         return self.ffn(self.lags_of(self.lag_features, n).to(self.skip.dtype))
 
-    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
+    def spectrum(
+        self,
+        dtype: torch.dtype,
+        n: int | None = None,
+        channels: slice = ALL_CHANNELS,
+        response: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` in ``dtype`` for transform length ``n`` (default ``length``): (n,
-        channels) under the DCT, (n // 2 + 1, channels) under the FFT."""
-        kernel = self(n).to(dtype)
+        channels) under the DCT, (n // 2 + 1, channels) under the FFT; of ``channels`` only if given. ``response`` is
+        :meth:`lag_response` for all channels where the caller has computed it (the operator computes it once for all
+        its channel blocks)."""
+        response = self.lag_response(n) if response is None else response
+        kernel = (of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)).to(dtype)
         multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + self.skip.to(dtype)
+        return multiplier + of_channels(self.skip, channels).to(dtype)
 
     def extra_repr(self) -> str:
         scale = "" if self.lag_scale == self.length else f", lag_scale={self.lag_scale}"
@@ -326,10 +335,16 @@ class FoldedFilter(nn.Module):
             for n in self.lengths:
                 self.register_buffer(f"multiplier_{n}", implicit_filter.spectrum(dtype, n), persistent=False)
 
-    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
-        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest), as
-        computed when the filter was folded (complex under the FFT)."""
-        multiplier = getattr(self, f"multiplier_{self.length if n is None else n}")
+    def lag_response(self, n: int | None = None) -> None:
+        """Nothing to compute once per call: the multiplier is folded."""
+        return None
+
+    def spectrum(
+        self, dtype: torch.dtype, n: int | None = None, channels: slice = ALL_CHANNELS, response: None = None
+    ) -> torch.Tensor:
+        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest) and
+        ``channels``, as computed when the filter was folded (complex under the FFT)."""
+        multiplier = of_channels(getattr(self, f"multiplier_{self.length if n is None else n}"), channels)
         if multiplier.is_complex():
             dtype = torch.promote_types(dtype, torch.complex64)
         return multiplier.to(dtype)
@@ -725,8 +740,9 @@ class OrchidOperator(nn.Module):
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            static = self.static_filter.spectrum(dtype, n)
-            residual = None if self.residual_filter is None else self.residual_filter.spectrum(dtype, n)
+            # The filters' networks run once for all channel blocks; each block takes its channels' multipliers.
+            static = self.static_filter.lag_response(n)
+            residual = None if self.residual_filter is None else self.residual_filter.lag_response(n)
             blocks = [ALL_CHANNELS]
             if not (torch.is_grad_enabled() or is_traced()):
                 blocks = channel_blocks(self.d_model, x.shape[0] * n)
@@ -744,19 +760,19 @@ class OrchidOperator(nn.Module):
         self, channels, gates, n, x, mask, source, source_mask, static, residual, dtype
     ) -> torch.Tensor:
         """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``source``,
-        ``static`` and ``residual`` (the filters' multipliers) hold all channels."""
+        ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all channels."""
         wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
         weights = ALL_CHANNELS
         if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
             index = torch.arange(channels.start, channels.stop, device=x.device)
             weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
         s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
-        kernel = of_channels(static, channels)
+        kernel = self.static_filter.spectrum(dtype, n, channels, static)
         if self.conditioning is not None:
             kernel = kernel + self.conditioning(of_channels(source, channels).to(dtype), n, source_mask, channels)
         y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-        if residual is not None:
-            multiplier = of_channels(residual, channels)
+        if self.residual_filter is not None:
+            multiplier = self.residual_filter.spectrum(dtype, n, channels, residual)
             y = y + long_convolution(of_channels(x, channels).to(dtype), multiplier, self.transform, n)
         return y
 
