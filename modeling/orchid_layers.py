@@ -128,11 +128,9 @@ class ShortConvolutionStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ShortConvolution(channels, kernel_size, circular) for _ in range(depth))
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(masked(x, mask), wrap, channels)
+            x = layer(masked(x, mask), wrap)
         return masked(x, mask)
 
 
@@ -401,25 +399,22 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
         self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers)
 
-    def forward(
-        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
-        for the DCT, (B, n // 2 + 1, C) complex for the FFT. ``channels``: which of the network's channels u holds."""
+        for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
-        key = forward_transform(self.time_conv(u, mask, wrap, channels), self.transform, n)
+        key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
         if self.conditioning == "abs":
-            return self.frequency_convolution(key.abs(), channels)
-        query = forward_transform(self.query_conv(u, mask, wrap, channels), self.transform, n)
-        return self.frequency_convolution(cross_spectrum(key, query, self.activation), channels)
+            return self.frequency_convolution(key.abs())
+        query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
+        return self.frequency_convolution(cross_spectrum(key, query, self.activation))
 
-    def frequency_convolution(self, spectrum: torch.Tensor, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+    def frequency_convolution(self, spectrum: torch.Tensor) -> torch.Tensor:
         """Conv1d_freq: a real convolution over frequency, on the real and imaginary parts alike of a complex
         spectrum."""
         if torch.is_complex(spectrum):
-            real, imag = (self.freq_conv(part, channels=channels) for part in (spectrum.real, spectrum.imag))
-            return torch.complex(real, imag)
-        return self.freq_conv(spectrum, channels=channels)
+            return torch.complex(self.freq_conv(spectrum.real), self.freq_conv(spectrum.imag))
+        return self.freq_conv(spectrum)
 
 
 def cross_spectrum(key: torch.Tensor, query: torch.Tensor, activation: str) -> torch.Tensor:
@@ -740,9 +735,11 @@ class OrchidOperator(nn.Module):
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            # The filters' networks run once for all channel blocks; each block takes its channels' multipliers.
+            # The filters' networks and the conditioning network run once on all channels (a replaced conditioning
+            # module may mix channels); each channel block takes its channels of what they give.
             static = self.static_filter.lag_response(n)
             residual = None if self.residual_filter is None else self.residual_filter.lag_response(n)
+            conditioned = None if self.conditioning is None else self.conditioning(source.to(dtype), n, source_mask)
             blocks = [ALL_CHANNELS]
             if not (torch.is_grad_enabled() or is_traced()):
                 blocks = channel_blocks(self.d_model, x.shape[0] * n)
@@ -751,16 +748,17 @@ class OrchidOperator(nn.Module):
                 part.flatten(-2) for part in projected.unflatten(-1, (3, self.d_model)).split(
                     [block.stop - block.start for block in blocks], dim=-1)
             ]
-            inputs = (n, x, mask, source, source_mask, static, residual, dtype)
+            inputs = (n, x, mask, conditioned, static, residual, dtype)
             parts = [self._convolve_channels(block, gate, *inputs) for block, gate in zip(blocks, gates)]
             y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return masked(y, mask).to(x.dtype)
 
     def _convolve_channels(
-        self, channels, gates, n, x, mask, source, source_mask, static, residual, dtype
+        self, channels, gates, n, x, mask, conditioned, static, residual, dtype
     ) -> torch.Tensor:
-        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``source``,
-        ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all channels."""
+        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``conditioned``
+        (h_theta's spectrum) and ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all
+        channels."""
         wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
         weights = ALL_CHANNELS
         if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
@@ -768,8 +766,8 @@ class OrchidOperator(nn.Module):
             weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
         s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
         kernel = self.static_filter.spectrum(dtype, n, channels, static)
-        if self.conditioning is not None:
-            kernel = kernel + self.conditioning(of_channels(source, channels).to(dtype), n, source_mask, channels)
+        if conditioned is not None:
+            kernel = kernel + of_channels(conditioned, channels)
         y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
         if self.residual_filter is not None:
             multiplier = self.residual_filter.spectrum(dtype, n, channels, residual)
