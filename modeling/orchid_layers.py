@@ -287,10 +287,14 @@ class ImplicitFilter(DerivedBuffers):
         """``exp(-|t| * rate_c)`` on the lags of a length-``n`` kernel (default ``length``), (n, channels), float32."""
         return torch.exp(-self.lags_of(self.decay_lags, n) * of_channels(self.channel_rates, channels))
 
-    def forward(self, n: int | None = None) -> torch.Tensor:
+    def forward(
+        self, n: int | None = None, channels: slice = ALL_CHANNELS, response: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The kernel h0 in the time domain for transform length ``n`` (default ``length``), (n, channels), in the
-        filter's dtype."""
-        return self.lag_response(n) * self.envelope(n).to(self.skip.dtype)
+        filter's dtype; of ``channels`` only if given, from ``response`` (:meth:`lag_response`, all channels) where
+        the caller has computed it."""
+        response = self.lag_response(n) if response is None else response
+        return of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)
 
     def lag_response(self, n: int | None = None) -> torch.Tensor:
         """FFN(PosEmb(t)), (n, channels): the kernel before its decay, from one call of the FFN."""
@@ -308,8 +312,7 @@ class ImplicitFilter(DerivedBuffers):
         channels) under the DCT, (n // 2 + 1, channels) under the FFT; of ``channels`` only if given. ``response`` is
         :meth:`lag_response` for all channels where the caller has computed it (the operator computes it once for all
         its channel blocks)."""
-        response = self.lag_response(n) if response is None else response
-        kernel = (of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)).to(dtype)
+        kernel = self(n, channels, response).to(dtype)
         multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
         return multiplier + of_channels(self.skip, channels).to(dtype)
 
