@@ -169,6 +169,9 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     ``initializer_range`` is the standard deviation of BERT's initialisation; ``word_embedding_init_std``, when set,
     replaces it for the word embeddings (the ``orchid-recall`` preset draws them from N(0, 1), see docs/model.md).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
+    ``chunk_size_feed_forward`` (transformers' field, read as BERT reads it): everything after each layer's mixer (the
+    residual sums, the LayerNorms and the MLP) acts on each token alone and runs on runs of this many tokens, so that
+    the MLP's wide intermediate tensors stay small on long inputs; 0 runs all tokens at once.
     ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification. The
     default stays ``"first"`` (a config.json without the field gets it); the recipe for one's own data sets ``"mean"``
     for a new head (docs/model.md, "Pooling").
@@ -213,6 +216,7 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     num_attention_heads: int = 4
     attention_probs_dropout_prob: float = 0.0
     qkv_bias: bool = True
+    chunk_size_feed_forward: int = 1024
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))

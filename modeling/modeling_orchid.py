@@ -47,7 +47,7 @@ from .orchid_layers import (
     is_integer,
     value_range,
 )
-from .orchid_ops import SequenceLayout, masked
+from .orchid_ops import SequenceLayout, is_traced, masked
 
 logger = logging.get_logger(__name__)
 
@@ -187,6 +187,7 @@ class OrchidLayer(GradientCheckpointingLayer):
     def __init__(self, config: OrchidConfig, layer_type: str = "orchid"):
         super().__init__()
         self.pre_norm = config.pre_norm
+        self.chunk_size_feed_forward = config.chunk_size_feed_forward
         self.mixer = sequence_mixer(config, layer_type)
         self.mixer_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -198,6 +199,19 @@ class OrchidLayer(GradientCheckpointingLayer):
         ``OrchidModel``; None: every position is real."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
         mixed = self.mixer_dropout(self.mix(mixer_input, layout))
+        # Everything after the mixer acts on each token alone: runs of chunk_size_feed_forward tokens keep the MLP's
+        # wide intermediate tensors small, where whole ones would take fresh pages from the operating system on every
+        # call (`scripts/benchmark.py --parts model` times long inputs). Compiled or exported, one run: the compiler
+        # plans the memory, and a branch on the token count would tie the graph to one side of it.
+        size = self.chunk_size_feed_forward
+        if size <= 0 or is_traced() or hidden_states.shape[0] * hidden_states.shape[1] <= size:
+            return self.feed_forward(hidden_states, mixed)
+        width = hidden_states.shape[-1]
+        chunks = zip(hidden_states.reshape(-1, width).split(size), mixed.reshape(-1, width).split(size))
+        return torch.cat([self.feed_forward(*chunk) for chunk in chunks]).view(hidden_states.shape)
+
+    def feed_forward(self, hidden_states: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The residual connection around the mixer, and the MLP with its own, with their LayerNorms."""
         if self.pre_norm:
             hidden_states = hidden_states + mixed
             return hidden_states + self.mlp(self.mlp_norm(hidden_states))

@@ -24,17 +24,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from .orchid_ops import (
+    ALL_CHANNELS,
     SequenceLayout,
+    channel_blocks,
     dct,
     forward_transform,
     forward_transform_2d,
     gated_convolution,
     gated_long_convolution,
+    is_traced,
     kernel_spectrum,
     kernel_spectrum_2d,
     long_convolution,
     long_convolution_2d,
     masked,
+    of_channels,
     short_convolution,
     short_convolution_2d,
     zero_padded,
@@ -116,11 +120,13 @@ class ShortConvolution(nn.Module):
         bound = 1 / math.sqrt(self.fan_in)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS):
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
-        transform is zero-padded to it, so its circle closes over zeros."""
+        transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
+        of the module's channels x holds (the operator mixes long inputs a block of channels at a time)."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        return short_convolution(x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.circular and wrap)
+        weight, bias = of_channels(self.weight, channels, 0).to(x.dtype), of_channels(self.bias, channels).to(x.dtype)
+        return short_convolution(x, weight, bias, self.circular and wrap)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel_size={self.kernel_size}, circular={self.circular}"
@@ -321,26 +327,38 @@ class ImplicitFilter(DerivedBuffers):
             return buffer[:n]
         return torch.cat([buffer[: n // 2 + 1], buffer[self.length - (n - 1 - n // 2) :]])
 
-    def envelope(self, n: int | None = None) -> torch.Tensor:
+    def envelope(self, n: int | None = None, channels: slice = ALL_CHANNELS) -> torch.Tensor:
         """``exp(-|t| * rate_c)`` on the lags of a length-``n`` kernel (default ``length``), (n, channels), float32."""
-        return torch.exp(-self.lags_of(self.decay_lags, n) * self.channel_rates)
+        return torch.exp(-self.lags_of(self.decay_lags, n) * of_channels(self.channel_rates, channels))
 
-    def forward(self, n: int | None = None) -> torch.Tensor:
+    def forward(
+        self, n: int | None = None, channels: slice = ALL_CHANNELS, response: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The kernel h0 in the time domain for transform length ``n`` (default ``length``), (n, channels), in the
-        filter's dtype."""
-        return self.lag_response(n) * self.envelope(n).to(self.skip.dtype)
+        filter's dtype; of ``channels`` only if given, from ``response`` (:meth:`lag_response`, all channels) where
+        the caller has computed it."""
+        response = self.lag_response(n) if response is None else response
+        return of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)
 
     def lag_response(self, n: int | None = None) -> torch.Tensor:
         """FFN(PosEmb(t)), (n, channels): the kernel before its decay, from one call of the FFN."""
         # The skip parameter tells the filter's dtype; the constant features follow it.
         return self.ffn(self.lags_of(self.lag_features, n).to(self.skip.dtype))
 
-    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
+    def spectrum(
+        self,
+        dtype: torch.dtype,
+        n: int | None = None,
+        channels: slice = ALL_CHANNELS,
+        response: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` in ``dtype`` for transform length ``n`` (default ``length``): (n,
-        channels) under the DCT, (n // 2 + 1, channels) under the FFT."""
-        kernel = self(n).to(dtype)
+        channels) under the DCT, (n // 2 + 1, channels) under the FFT; of ``channels`` only if given. ``response`` is
+        :meth:`lag_response` for all channels where the caller has computed it (the operator computes it once for all
+        its channel blocks)."""
+        kernel = self(n, channels, response).to(dtype)
         multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + self.skip.to(dtype)
+        return multiplier + of_channels(self.skip, channels).to(dtype)
 
     def extra_repr(self) -> str:
         scale = "" if self.lag_scale == self.length else f", lag_scale={self.lag_scale}"
@@ -483,10 +501,16 @@ class FoldedFilter(nn.Module):
             for n in self.lengths:
                 self.register_buffer(f"multiplier_{n}", implicit_filter.spectrum(dtype, n), persistent=False)
 
-    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
-        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest), as
-        computed when the filter was folded (complex under the FFT)."""
-        multiplier = getattr(self, f"multiplier_{self.length if n is None else n}")
+    def lag_response(self, n: int | None = None) -> None:
+        """Nothing to compute once per call: the multiplier is folded."""
+        return None
+
+    def spectrum(
+        self, dtype: torch.dtype, n: int | None = None, channels: slice = ALL_CHANNELS, response: None = None
+    ) -> torch.Tensor:
+        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest) and
+        ``channels``, as computed when the filter was folded (complex under the FFT)."""
+        multiplier = of_channels(getattr(self, f"multiplier_{self.length if n is None else n}"), channels)
         if multiplier.is_complex():
             dtype = torch.promote_types(dtype, torch.complex64)
         return multiplier.to(dtype)
@@ -913,19 +937,48 @@ class OrchidOperator(nn.Module):
     def _convolve(self, n, x, projected, mask, source, source_mask) -> torch.Tensor:
         """Between the projections, at transform length n: the short convolution, the kernel h = h0 + h_theta(v) in
         the transform domain, ``y = s2 * (h * (s1 * v))``, and the residual long convolution of the block input
-        (App. C.3)."""
-        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
-        s1, s2, v = self.short_conv(projected, wrap).chunk(3, dim=-1)
+        (App. C.3). Without autograd, a long input a block of channels at a time (:func:`channel_blocks`)."""
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            kernel = self.static_filter.spectrum(dtype, n)
-            if self.conditioning is not None:
-                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask)
-            y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-            if self.residual_filter is not None:
-                y = y + long_convolution(x.to(dtype), self.residual_filter.spectrum(dtype, n), self.transform, n)
+            # The filters' networks and the conditioning network run once on all channels (a replaced conditioning
+            # module may mix channels); each channel block takes its channels of what they give.
+            static = self.static_filter.lag_response(n)
+            residual = None if self.residual_filter is None else self.residual_filter.lag_response(n)
+            conditioned = None if self.conditioning is None else self.conditioning(source.to(dtype), n, source_mask)
+            blocks = [ALL_CHANNELS]
+            if not (torch.is_grad_enabled() or is_traced()):
+                blocks = channel_blocks(self.d_model, x.shape[0] * n)
+            # s1, s2 and v of each block, side by side: one pass over in_proj's output (B, L, 3 * d_model).
+            gates = [projected] if len(blocks) == 1 else [
+                part.flatten(-2) for part in projected.unflatten(-1, (3, self.d_model)).split(
+                    [block.stop - block.start for block in blocks], dim=-1)
+            ]
+            inputs = (n, x, mask, conditioned, static, residual, dtype)
+            parts = [self._convolve_channels(block, gate, *inputs) for block, gate in zip(blocks, gates)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return masked(y, mask).to(x.dtype)
+
+    def _convolve_channels(
+        self, channels, gates, n, x, mask, conditioned, static, residual, dtype
+    ) -> torch.Tensor:
+        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``conditioned``
+        (h_theta's spectrum) and ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all
+        channels."""
+        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
+        weights = ALL_CHANNELS
+        if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
+            index = torch.arange(channels.start, channels.stop, device=x.device)
+            weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
+        s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
+        kernel = self.static_filter.spectrum(dtype, n, channels, static)
+        if conditioned is not None:
+            kernel = kernel + of_channels(conditioned, channels)
+        y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
+        if self.residual_filter is not None:
+            multiplier = self.residual_filter.spectrum(dtype, n, channels, residual)
+            y = y + long_convolution(of_channels(x, channels).to(dtype), multiplier, self.transform, n)
+        return y
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None

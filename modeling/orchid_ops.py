@@ -197,6 +197,12 @@ def is_exporting() -> bool:
     return exporting is not None and exporting()
 
 
+def is_traced() -> bool:
+    """Whether the call is being compiled, exported or traced into a graph, where shapes may be symbolic and a branch
+    on one would tie the graph to one side of it."""
+    return torch.compiler.is_compiling() or is_exporting() or torch.jit.is_tracing()
+
+
 def _makhoul_order(n: int) -> list[int]:
     """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
     return list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
@@ -364,6 +370,31 @@ def long_convolution_2d(x: torch.Tensor, multiplier: torch.Tensor, transform: st
         rows, columns = GRID_AXES
         return idct(idct(dct(dct(x, rows), columns) * multiplier, columns), rows)
     return torch.fft.irfftn(torch.fft.rfftn(x, dim=GRID_AXES) * multiplier, s=x.shape[1:3], dim=GRID_AXES)
+
+
+# Without autograd, the operator mixes a long input a block of channels at a time: every step between its projections
+# acts on each channel alone, and a block whose (tokens, channels) tensors hold about this many numbers (2 MiB in
+# float32) stays in the CPU's caches, where the whole width's tensors do not (`scripts/benchmark.py --profile 1x4096`
+# shows the transforms, products and short convolutions gaining). Under autograd, blocks would only add copies.
+CHANNEL_BLOCK_ELEMENTS = 2**19
+MIN_CHANNEL_BLOCK = 32
+ALL_CHANNELS = slice(None)
+
+
+def of_channels(x: torch.Tensor, channels: slice | torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """x's ``channels`` (a slice or an index) along ``dim``; x itself for ``ALL_CHANNELS``, without an indexing op
+    (an exported graph has no translation of one on a complex tensor)."""
+    return x if channels is ALL_CHANNELS else x[(slice(None),) * (dim % x.dim()) + (channels,)]
+
+
+def channel_blocks(channels: int, tokens: int) -> list[slice]:
+    """Consecutive ranges of ``channels`` for ``tokens`` positions per channel, each of about
+    ``CHANNEL_BLOCK_ELEMENTS`` numbers and at least ``MIN_CHANNEL_BLOCK`` channels; one range of all channels where
+    that would make fewer than four blocks, which would gain little."""
+    width = max(CHANNEL_BLOCK_ELEMENTS // tokens // MIN_CHANNEL_BLOCK * MIN_CHANNEL_BLOCK, MIN_CHANNEL_BLOCK)
+    if 4 * width > channels:
+        return [ALL_CHANNELS]
+    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
 
 
 # ---------------------------------------------------------------------------------------------

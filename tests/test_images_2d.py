@@ -537,19 +537,21 @@ def test_the_hybrid_loads_as_remote_code_without_orchid_hf(tmp_path, hf_modules_
 
 
 @pytest.mark.parametrize("layer_types", [None, "orchid-first"])
-def test_a_few_optimizer_steps_lower_the_loss(layer_types, one_thread):
+def test_the_2d_models_fit_a_batch(layer_types, one_thread):
+    # AdamW moves each weight by about the learning rate a step, so a batch of 8 random images takes some twenty
+    # steps to fit, at the pace of the 1-D model from the same seed (both fall by a few percent a step at first).
     torch.manual_seed(0)
     model = OrchidForImageClassification(tiny_2d_config(layer_types=layer_types))
     x, labels = pixels(8), torch.arange(8) % 5
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
-    for _ in range(12):
+    for _ in range(30):
         loss = model(pixel_values=x, labels=labels).loss
         losses.append(loss.item())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert losses[-1] < 0.5 * losses[0], losses
+    assert losses[-1] < 0.25 * losses[0], losses
 
 
 def test_a_trainer_step_with_gradient_checkpointing(tmp_path, one_thread):

@@ -122,6 +122,18 @@ ORCHID_MAPPINGS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def transformers_default_verbosity():
+    """transformers' tests read its warnings (the loading report): at the default verbosity, whatever an earlier test
+    (a recipe run, which sets the level from its arguments) left."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_warning()
+    yield
+    logging.set_verbosity(verbosity)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def orchid_in_the_auto_mappings():
     for name, class_name in ORCHID_MAPPINGS.items():
