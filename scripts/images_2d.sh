@@ -6,20 +6,23 @@
 #
 #   bash scripts/images_2d.sh prepare     # OUT/fashion-train: the training images alone (their held-out split is
 #                                         # the validation split; the test images are never seen by the grid)
-#   bash scripts/images_2d.sh jobs        # the commands, in the order `run` runs them
-#   bash scripts/images_2d.sh run         # runs them one at a time; a run whose folder holds results.json is
-#                                         # skipped, so a stopped `run` picks up where it was
+#   bash scripts/images_2d.sh jobs [grid|test]  # the commands, in the order `run` runs them
+#   bash scripts/images_2d.sh run         # runs them, JOBS at a time: the floor and the grid, then the seeds (each
+#                                         # needs its grid); a run whose folder holds results.json is skipped, so
+#                                         # a stopped `run` picks up where it was
 #   bash scripts/images_2d.sh report      # docs/results/images_2d/*.json, the tables of docs/results/images_2d.md
 #
 # PATCHES (default "4 2") and MODELS (default "vit orchid-1d orchid-2d orchid-2d-hybrid") narrow the runs; THREADS
-# (default 1) threads per run; NICE (default 19) their niceness; TRAIN_IMAGES (default 15000) the training images of
+# (default 1) threads per run; JOBS (default 2) runs at a time, so that the two cores are shared alike by the models
+# compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of
 # every run, one pass over a random subset of that many (a fraction of an epoch, the budget of a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
 OUT=${OUT:-outputs/images_2d}
 THREADS=${THREADS:-1}
-NICE=${NICE:-19}
+NICE=${NICE:-0}
+JOBS=${JOBS:-2}
 PY=${PY:-.venv/bin/python}
 PATCHES=${PATCHES:-"4 2"}
 MODELS=${MODELS:-"vit orchid-1d orchid-2d orchid-2d-hybrid"}
@@ -57,18 +60,21 @@ GRID_DATA="--train_dir $OUT/fashion-train --train_val_split 0.1 --split_seed 0"
 # The seeds: trained on the training images, scored on the 10,000 test images.
 TEST_DATA="--train_dir $DATA/fashion-mnist"
 
-jobs() {
-    echo "OMP_NUM_THREADS=$THREADS $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
+jobs() {  # PHASE: grid (the floor and the grid points), test (the seeds at the chosen rates) or both
+    local phase=${1:-both}
+    [ "$phase" = test ] || echo "OMP_NUM_THREADS=$THREADS $PY scripts/image_baseline.py --train_dir $DATA/fashion-mnist \
 --class_names ${FASHION_CLASSES[*]@Q} --max_iter 1000 --output_dir $OUT/logreg > $OUT/logreg.log 2>&1"
     local patch model lr seed name
     for patch in $PATCHES; do
         for model in $MODELS; do
             for lr in $LEARNING_RATES; do
+                [ "$phase" != test ] || continue
                 name=$OUT/p$patch-$model-lr$lr-s0
                 echo "$PY scripts/train_image.py $GRID_DATA $RECIPE $(model_args "$model" "$patch") --learning_rate $lr \
 --seed 0 --output_dir $name > $name.log 2>&1"
             done
             for seed in $SEEDS; do
+                [ "$phase" != grid ] || continue
                 name=$OUT/p$patch-$model-chosen-s$seed
                 echo "lr=\$($PY scripts/images_2d_report.py --runs $OUT --choose p$patch-$model \
 --grid_learning_rates $LEARNING_RATES) && $PY scripts/train_image.py $TEST_DATA $RECIPE \
@@ -86,14 +92,16 @@ prepare)
     done
     ;;
 jobs)
-    jobs
+    jobs "${2:-both}"
     ;;
 run)
     [ -d "$OUT/fashion-train" ] || { echo "run 'bash scripts/images_2d.sh prepare' first" >&2; exit 2; }
-    jobs | while IFS= read -r line; do
-        [[ "$line" =~ --output_dir\ ([^ ]+) ]] && [ -f "${BASH_REMATCH[1]}/results.json" ] && continue
-        echo "$(date '+%F %T') $line" >&2
-        nice -n "$NICE" bash -c "$line" || echo "$(date '+%F %T') failed (status $?): $line" >&2
+    for phase in grid test; do
+        jobs "$phase" | while IFS= read -r line; do
+            [[ "$line" =~ --output_dir\ ([^ ]+) ]] && [ -f "${BASH_REMATCH[1]}/results.json" ] && continue
+            echo "$line"
+        done | nice -n "$NICE" xargs -r -P "$JOBS" -I{} -d '\n' \
+            bash -c 'echo "$(date "+%F %T") $1" >&2; bash -c "$1" || echo "$(date "+%F %T") failed: $1" >&2' _ {}
     done
     ;;
 report)
