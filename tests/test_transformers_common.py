@@ -328,3 +328,32 @@ class OrchidImageModelTest(common.ModelTesterMixin, unittest.TestCase):
             model = model_class(config)
             self.assertIsInstance(model.get_input_embeddings(), torch.nn.Conv2d)
             self.assertIsNone(model.get_output_embeddings())
+
+
+class OrchidImage2dModelTester(OrchidImageModelTester):
+    """The image tester's sizes with the 2-D hybrid: a 2-D Orchid layer over the 4 x 4 grid, then ViT's attention."""
+
+    def get_config(self) -> OrchidConfig:
+        return OrchidConfig.from_preset(
+            "orchid-vit-2d-hybrid-s",
+            image_size=self.image_size,
+            patch_size=self.patch_size,
+            num_channels=self.num_channels,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            intermediate_size=self.intermediate_size,
+            filter_width=16,
+            num_labels=self.type_sequence_label_size,
+        )
+
+
+@skip_what_orchid_does_not_have
+class OrchidImage2dModelTest(OrchidImageModelTest):
+    """The image models with ``image_mixer="2d"`` and a hybrid stack (``layer_types="orchid-first"``)."""
+
+    def setUp(self):
+        self.model_tester = OrchidImage2dModelTester(self)
+        self.config_tester = configuration_common.ConfigTester(
+            self, config_class=OrchidConfig, has_text_modality=False, hidden_size=36, image_size=8, patch_size=2,
+            image_mixer="2d", layer_types="orchid-first", common_properties=["hidden_size", "num_hidden_layers"],
+        )
