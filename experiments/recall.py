@@ -39,6 +39,9 @@ from orchid_hf.modeling.orchid_ops import ALL_CHANNELS, forward_transform, maske
 from torch import nn
 
 MODELS = ("orchid", "static", "transformer")
+# Seeds of the held-out splits (plus a term for the task's size). Learning rates and warm-ups are chosen on the
+# validation split; the test split is reported.
+SPLIT_SEEDS = {"validation": 2_000_029, "test": 1_000_003}
 # App. C.2: spatial then spectral (Eq. 2), two spatial layers only, two spectral layers only.
 CONDITIONING_LAYOUTS = {"spatial+spectral": (1, 1), "spatial": (2, 0), "spectral": (0, 2)}
 
@@ -288,9 +291,13 @@ def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batc
     return {"loss": loss / len(inputs), "accuracy": correct / len(inputs)}
 
 
-def test_set(config: RecallConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out sequences; their seed depends on the task only, so every model sees the same ones."""
-    generator = torch.Generator().manual_seed(1_000_003 + 7919 * config.vocab_size + config.seq_len)
+def held_out_set(config: RecallConfig, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``eval_size`` fixed sequences of the ``"validation"`` or ``"test"`` split. Each split's seed depends on the task
+    and the split only, so every model and run sees the same sequences, and the two splits differ from each other
+    and from the training batches (seeded by the run's seed)."""
+    if split not in SPLIT_SEEDS:
+        raise ValueError(f"split must be one of {tuple(SPLIT_SEEDS)}, got {split!r}")
+    generator = torch.Generator().manual_seed(SPLIT_SEEDS[split] + 7919 * config.vocab_size + config.seq_len)
     return generate_batch(config.eval_size, config.vocab_size, config.seq_len, generator)
 
 
@@ -300,11 +307,14 @@ def train(
     progress: bool = True,
     result_path: str | Path | None = None,
     extra: dict | None = None,
+    checkpoint_path: str | Path | None = None,
 ) -> dict:
     """Trains on freshly generated batches and returns the final metrics and the learning curve.
 
-    ``result_path`` gets the summary (plus ``extra``) after every evaluation, marked ``finished: false``
-    until the last step, so that a run stopped early still leaves its numbers.
+    Every ``eval_every`` steps the model is evaluated on the validation and the test split. ``result_path`` gets the
+    summary (plus ``extra``) after every evaluation, marked ``finished: false`` until the last step, so that a run
+    stopped early still leaves its numbers. With ``checkpoint_path`` the model, optimizer, data stream and curve are
+    saved there at every evaluation, and a run of the same config resumes from that file; it is removed at the end.
     """
     from tqdm.auto import tqdm
 
@@ -313,7 +323,7 @@ def train(
     torch.manual_seed(config.seed)
     model = build_model(config)
     data = torch.Generator().manual_seed(config.seed + 1)
-    eval_inputs, eval_targets = test_set(config)
+    held_out = {split: held_out_set(config, split) for split in ("validation", "test")}
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "embedding" in n]
     optimizer = torch.optim.AdamW(
@@ -321,9 +331,21 @@ def train(
         lr=config.lr,
         betas=(0.9, 0.999),
     )
-    log = open(log_path, "w") if log_path else None  # noqa: SIM115 - closed below
-    curve, running, began = [], [], time.time()
-    bar = tqdm(range(config.steps), disable=not progress, mininterval=10)
+    checkpoint = Path(checkpoint_path) if checkpoint_path else None
+    first, curve, spent = 0, [], 0.0
+    if checkpoint and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        if state["config"] != asdict(config):
+            changed = {k: (v, asdict(config)[k]) for k, v in state["config"].items() if asdict(config).get(k) != v}
+            raise ValueError(f"checkpoint {checkpoint} belongs to another run; (saved, asked) differ in {changed}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        data.set_state(state["data"])
+        first, curve, spent = state["step"], state["curve"], state["seconds"]
+    log = open(log_path, "a" if first else "w") if log_path else None  # noqa: SIM115 - closed below
+    running, began = [], time.time() - spent
+    bar = tqdm(range(first, config.steps), disable=not progress, mininterval=10)
+    summary = None
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
@@ -336,34 +358,54 @@ def train(
         optimizer.step()
         running.append(loss.item())
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            point = {
-                "step": step + 1,
-                "train_loss": sum(running) / len(running),
-                **{f"test_{k}": v for k, v in evaluate(model, eval_inputs, eval_targets).items()},
-                "seconds": round(time.time() - began, 1),
-            }
+            point = {"step": step + 1, "train_loss": sum(running) / len(running)}
+            for split, name in (("validation", "val"), ("test", "test")):
+                point.update({f"{name}_{k}": v for k, v in evaluate(model, *held_out[split]).items()})
+            point["seconds"] = round(time.time() - began, 1)
             running = []
             curve.append(point)
-            bar.set_postfix(loss=f"{point['train_loss']:.3f}", acc=f"{point['test_accuracy']:.3f}")
+            bar.set_postfix(loss=f"{point['train_loss']:.3f}", val=f"{point['val_accuracy']:.3f}")
             if log:
                 log.write(json.dumps(point) + "\n")
                 log.flush()
-            summary = {
-                "config": asdict(config),
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "finished": step + 1 == config.steps,
-                "steps_done": step + 1,
-                "test_accuracy": point["test_accuracy"],
-                "best_test_accuracy": max(p["test_accuracy"] for p in curve),
-                "seconds": point["seconds"],
-                **(extra or {}),
-                "curve": curve,
-            }
+            summary = run_summary(config, model, curve, extra)
             if result_path:
                 Path(result_path).write_text(json.dumps(summary, indent=1))
+            if checkpoint and step + 1 < config.steps:
+                state = {
+                    "config": asdict(config),
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "data": data.get_state(),
+                    "step": step + 1,
+                    "curve": curve,
+                    "seconds": point["seconds"],
+                }
+                partial = checkpoint.with_name(checkpoint.name + ".tmp")
+                torch.save(state, partial)
+                partial.replace(checkpoint)  # a stop while saving leaves the previous checkpoint whole
     if log:
         log.close()
+    if checkpoint:
+        checkpoint.unlink(missing_ok=True)
     return summary
+
+
+def run_summary(config: RecallConfig, model: nn.Module, curve: list[dict], extra: dict | None = None) -> dict:
+    """A run's result: its config, size, the last evaluation and the whole curve."""
+    last = curve[-1]
+    return {
+        "config": asdict(config),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "finished": last["step"] == config.steps,
+        "steps_done": last["step"],
+        "val_accuracy": last["val_accuracy"],
+        "test_accuracy": last["test_accuracy"],
+        "best_test_accuracy": max(p["test_accuracy"] for p in curve),
+        "seconds": last["seconds"],
+        **(extra or {}),
+        "curve": curve,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,29 +449,31 @@ def filter_label(config: dict) -> str:
 
 
 def results_table(paths: list[str | Path]) -> str:
-    """A markdown table of run results (JSON files written by the CLI), with the paper's number beside each."""
+    """A markdown table of run results (JSON files written by the CLI), with the paper's number beside each.
+
+    "val" and "test" are the accuracies after the run's last step on the two held-out splits ("-" for runs that
+    predate the validation split); a run stopped before its schedule ended shows the steps it reached."""
     rows = [
-        "| model | parameters | vocab | length | seed | steps | batch | lr | test acc. % (final / best) | paper % | "
-        "wall time | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | parameters | vocab | length | seed | steps | batch | lr | warm-up | val acc. % | test acc. % | "
+        "paper % | wall time | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     results = [json.loads(Path(p).read_text()) for p in paths]
-    results.sort(
-        key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"]), r["config"]["seed"])
-    )
+    results.sort(key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"]),
+                                r["config"]["steps"], r["config"]["lr"], r["config"]["warmup_steps"],
+                                r["config"]["seed"]))  # fmt: skip
     for r in results:
         c = r["config"]
         key = (c["model"], c["vocab_size"], c["seq_len"])
         default = c["model"] != "orchid" or describe(c).startswith("orchid / dct / abs / spatial+spectral")
         paper = PAPER.get(key) if default else None
         paper_text = f"{paper:g} ({PAPER_NAMES[c['model']]})" if paper is not None else "-"
-        # A run stopped early shows the steps it reached out of its schedule's length.
         steps = str(c["steps"]) if r.get("finished", True) else f"{r['steps_done']} of {c['steps']} (stopped)"
+        val = f"{100 * r['val_accuracy']:.1f}" if "val_accuracy" in r else "-"
         rows.append(
             f"| {describe(c)} | {r['parameters'] / 1e3:.0f}K | {c['vocab_size']} | {c['seq_len']} | {c['seed']} | "
-            f"{steps} | {c['batch_size']} | "
-            f"{c['lr']:g} | {100 * r['test_accuracy']:.1f} / {100 * r['best_test_accuracy']:.1f} | "
-            f"{paper_text} | {r['seconds'] / 60:.0f} min | {r.get('note', '')} |"
+            f"{steps} | {c['batch_size']} | {c['lr']:g} | {c['warmup_steps']} | {val} | "
+            f"{100 * r['test_accuracy']:.1f} | {paper_text} | {r['seconds'] / 60:.0f} min | {r.get('note', '')} |"
         )
     return "\n".join(rows) + "\n"
 

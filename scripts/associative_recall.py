@@ -7,7 +7,8 @@
 
 Models: ``orchid`` (OrchidForMaskedLM, preset ``orchid-recall``), ``static`` (the same with
 ``data_dependent=False``) and ``transformer`` (transformers' BertForMaskedLM of the same width and depth).
-The learning curve goes to ``<out>.log`` (one JSON line per evaluation) while the run trains.
+The learning curve goes to ``<out>.log`` (one JSON line per evaluation) while the run trains, and a checkpoint to
+``<out>.ckpt``: the same command started again after a stop resumes from it (it is removed when the run ends).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval_size", type=int, default=defaults.eval_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads)
-    parser.add_argument("--out", help="result JSON path; the learning curve goes to <out>.log")
+    parser.add_argument("--out", help="result JSON path; the learning curve goes to <out>.log, the checkpoint to "
+                        "<out>.ckpt")
+    parser.add_argument("--note", default="", help="a remark stored in the result and shown in the table")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="print a markdown table of these results")
     parser.add_argument("--plot", metavar="PNG", help="with --table: also plot the learning curves to PNG")
     parser.add_argument("--no_progress", action="store_true")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.plot:
             plot_curves(args.table, args.plot)
         return
-    options = {k: v for k, v in vars(args).items() if k not in ("out", "table", "plot", "no_progress")}
+    options = {k: v for k, v in vars(args).items() if k not in ("out", "note", "table", "plot", "no_progress")}
     config = RecallConfig(**options)
     config.validate()
     out = Path(args.out) if args.out else None
@@ -88,9 +91,10 @@ def main(argv: list[str] | None = None) -> None:
         log_path=f"{out}.log" if out else None,
         progress=not args.no_progress,
         result_path=out,
-        extra={"command": command},
+        extra={"command": command, **({"note": args.note} if args.note else {})},
+        checkpoint_path=f"{out}.ckpt" if out else None,
     )
-    print(f"final test accuracy {result['test_accuracy']:.4f} (best {result['best_test_accuracy']:.4f}) "
+    print(f"final validation accuracy {result['val_accuracy']:.4f}, test accuracy {result['test_accuracy']:.4f} "
           f"in {result['seconds']:.0f} s")
 
 

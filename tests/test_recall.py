@@ -3,6 +3,7 @@ that the orchid-recall preset learns the task."""
 
 import importlib.util
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from experiments.recall import (
     build_model,
     check_answers,
     generate_batch,
+    held_out_set,
     query_logits,
     results_table,
     train,
@@ -141,6 +143,67 @@ def test_training_loop_logs_a_curve_and_the_table_reads_it(tmp_path):
     parameters = sum(p.numel() for p in build_model(config).parameters())
     label = "orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1"
     assert f"| {label} | {parameters / 1e3:.0f}K | 8 | 16 | 0 | 4 |" in table
+
+
+def test_the_validation_and_test_splits_are_fixed_and_differ():
+    config = RecallConfig(vocab_size=20, seq_len=32, eval_size=200)
+    val_inputs, val_targets = held_out_set(config, "validation")
+    test_inputs, _ = held_out_set(config, "test")
+    assert torch.equal(val_inputs, held_out_set(config, "validation")[0])  # the same sequences for every run
+    assert check_answers(val_inputs, val_targets, 20)
+    train_inputs, _ = generate_batch(200, 20, 32, torch.Generator().manual_seed(config.seed + 1))
+    rows = [set(map(tuple, x.tolist())) for x in (val_inputs, test_inputs, train_inputs)]
+    assert not rows[0] & rows[1] and not rows[0] & rows[2] and not rows[1] & rows[2]
+    with pytest.raises(ValueError, match="split must be one of .* got 'train'"):
+        held_out_set(config, "train")
+
+
+TINY_RUN = dict(vocab_size=8, seq_len=16, hidden_size=16, steps=6, batch_size=8, warmup_steps=2, eval_every=2,
+                eval_size=20)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_where_it_stopped(tmp_path, monkeypatch):
+    import experiments.recall as recall
+
+    config = RecallConfig(**TINY_RUN)
+    whole = train(config, progress=False)
+    assert [p["step"] for p in whole["curve"]] == [2, 4, 6]
+    assert {"val_accuracy", "test_accuracy", "val_loss", "test_loss"} <= set(whole["curve"][0])
+
+    calls = []
+
+    def stop_at_the_fourth_batch(batch_size, *args, generate=recall.generate_batch):
+        if batch_size == config.batch_size:  # a training batch, not a held-out split
+            calls.append(1)
+            if len(calls) == 4:
+                raise KeyboardInterrupt
+        return generate(batch_size, *args)
+
+    paths = {"log_path": tmp_path / "run.log", "result_path": tmp_path / "run.json",
+             "checkpoint_path": tmp_path / "run.ckpt"}  # fmt: skip
+    monkeypatch.setattr(recall, "generate_batch", stop_at_the_fourth_batch)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=False, **paths)
+    monkeypatch.undo()
+    stopped = json.loads((tmp_path / "run.json").read_text())
+    assert not stopped["finished"] and stopped["steps_done"] == 2 and (tmp_path / "run.ckpt").exists()
+
+    resumed = train(config, progress=False, **paths)
+
+    def metrics(result):
+        return [{k: v for k, v in point.items() if k != "seconds"} for point in result["curve"]]
+
+    assert metrics(resumed) == metrics(whole)  # the same model, optimizer and data stream as the uninterrupted run
+    assert resumed["finished"] and not (tmp_path / "run.ckpt").exists()
+    assert [json.loads(line)["step"] for line in (tmp_path / "run.log").read_text().splitlines()] == [2, 4, 6]
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    config = RecallConfig(**TINY_RUN)
+    torch.save({"config": {**asdict(config), "lr": 0.5}}, tmp_path / "run.ckpt")
+    with pytest.raises(ValueError, match=r"belongs to another run; .* \{'lr': \(0.5, 0.002\)\}"):
+        train(config, progress=False, checkpoint_path=tmp_path / "run.ckpt")
 
 
 # Every flag of scripts/associative_recall.py, with a value other than its default, and what it must change.
