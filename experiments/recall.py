@@ -39,6 +39,7 @@ from orchid_hf.modeling.orchid_ops import ALL_CHANNELS, forward_transform, maske
 from torch import nn
 
 MODELS = ("orchid", "static", "transformer")
+TRANSFORMER_POSITIONS = ("learned", "sinusoidal", "rotary")
 # Seeds of the held-out splits (plus a term for the task's size). Learning rates and warm-ups are chosen on the
 # validation split; the test split is reported.
 SPLIT_SEEDS = {"validation": 2_000_029, "test": 1_000_003}
@@ -122,6 +123,13 @@ class RecallConfig:
     # Experiment only, not an option of the library operator: LayerNorm over channels after the conditioning
     # network's time and frequency convolutions, as the authors' standalone code configures it.
     conditioning_norm: bool = False
+    # Transformer only: "learned" (BertForMaskedLM's table, from N(0, embedding_init_std^2)), "sinusoidal" (the same
+    # table started from sinusoids) or "rotary" (RoFormerForMaskedLM: BERT's blocks with rotary attention).
+    transformer_positions: str = "learned"
+    # Transformer only, a diagnostic: a depthwise convolution of length 3 over the word embeddings, so that every
+    # position starts with its neighbours' tokens (the "shift" that the short convolutions of H3, Hyena and Orchid
+    # provide). Not the paper's Transformer.
+    transformer_shift: bool = False
     # Word embeddings ~ N(0, embedding_init_std^2): the preset's value for Orchid; for the transformer, word and
     # position embeddings alike (attention finds the pair by position, which a 50x weaker table would hide).
     embedding_init_std: float = 1.0
@@ -146,6 +154,7 @@ class RecallConfig:
             "activation": (self.activation, CONDITIONING_ACTIVATIONS),
             "conditioning_layout": (self.conditioning_layout, tuple(CONDITIONING_LAYOUTS)),
             "filter_spectrum": (self.filter_spectrum, FILTER_SPECTRA),
+            "transformer_positions": (self.transformer_positions, TRANSFORMER_POSITIONS),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
@@ -164,6 +173,12 @@ class RecallConfig:
             )
         if self.model == "transformer" and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.model != "transformer" and (self.transformer_shift or self.transformer_positions != "learned"):
+            raise ValueError(
+                f"transformer_shift and transformer_positions apply to model='transformer' only, got "
+                f"model={self.model!r}, transformer_shift={self.transformer_shift}, "
+                f"transformer_positions={self.transformer_positions!r}"
+            )
         if self.conditioning_norm and (self.model != "orchid" or self.conditioning != "abs"):
             raise ValueError(
                 "conditioning_norm applies to model='orchid' with conditioning='abs' only, got "
@@ -193,8 +208,9 @@ class RecallConfig:
         return OrchidConfig.from_preset("orchid-recall", **{**settings, **self.config_overrides})
 
     def bert_config(self):
-        """transformers' BertConfig of the same width and depth; no padding token (token 0 is a key)."""
-        from transformers import BertConfig
+        """transformers' config of the Transformer: BertConfig (learned or sinusoidal positions) or RoFormerConfig
+        (rotary positions), of the same width and depth; no padding token (token 0 is a key)."""
+        from transformers import BertConfig, RoFormerConfig
 
         settings = dict(
             vocab_size=self.vocab_size + 1,
@@ -208,7 +224,8 @@ class RecallConfig:
             type_vocab_size=1,
             pad_token_id=None,
         )
-        return BertConfig(**{**settings, **self.config_overrides})
+        config_class = RoFormerConfig if self.transformer_positions == "rotary" else BertConfig
+        return config_class(**{**settings, **self.config_overrides})
 
 
 class NormalizedConditioning(nn.Module):
@@ -240,17 +257,55 @@ class NormalizedConditioning(nn.Module):
         return self.freq_norm(self.inner.freq_conv(spectrum))
 
 
+def sinusoids(length: int, width: int) -> torch.Tensor:
+    """The Transformer's sinusoidal positions (sin and cos at frequencies 10000^(-2i/width), interleaved), scaled to
+    entries of variance 1; (length, width)."""
+    frequencies = torch.exp(-math.log(10000.0) * torch.arange(0, width, 2) / width)
+    angles = torch.arange(length)[:, None] * frequencies
+    return math.sqrt(2) * torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(length, width)
+
+
+class ShiftedEmbedding(nn.Module):
+    """Word embeddings followed by a depthwise convolution of length 3 along the sequence: each position's vector
+    mixes its own token with the previous and the next one, channel by channel. Keeps the embedding's ``weight``, so
+    that the masked-LM decoder stays tied to it."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        self.embedding = embedding
+        width = embedding.embedding_dim
+        self.shift = nn.Conv1d(width, width, kernel_size=3, padding=1, groups=width)
+        nn.init.normal_(self.shift.weight)  # each channel its own mix of the three tokens, at the words' scale
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.embedding.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.shift(self.embedding(input_ids).transpose(1, 2)).transpose(1, 2)
+
+
 def build_model(config: RecallConfig) -> nn.Module:
     """The run's model, freshly initialised: OrchidForMaskedLM (orchid, static) or BertForMaskedLM (transformer)."""
     config.validate()
     if config.model == "transformer":
-        from transformers import BertForMaskedLM
+        from transformers import BertForMaskedLM, RoFormerForMaskedLM
 
-        model = BertForMaskedLM(config.bert_config())
-        embeddings = model.bert.embeddings
+        if config.transformer_positions == "rotary":
+            model = RoFormerForMaskedLM(config.bert_config())
+            embeddings = model.roformer.embeddings
+        else:
+            model = BertForMaskedLM(config.bert_config())
+            embeddings = model.bert.embeddings
         with torch.no_grad():
             embeddings.word_embeddings.weight.normal_(0.0, config.embedding_init_std)
-            embeddings.position_embeddings.weight.normal_(0.0, config.embedding_init_std)
+            if config.transformer_positions == "learned":
+                embeddings.position_embeddings.weight.normal_(0.0, config.embedding_init_std)
+            elif config.transformer_positions == "sinusoidal":
+                table = sinusoids(config.seq_len, config.hidden_size)
+                embeddings.position_embeddings.weight.copy_(config.embedding_init_std * table)
+        if config.transformer_shift:
+            embeddings.word_embeddings = ShiftedEmbedding(embeddings.word_embeddings)
         return model
     model = OrchidForMaskedLM(config.orchid_config())
     if config.conditioning_norm:
@@ -427,7 +482,10 @@ PAPER_NAMES = {"orchid": "Orchid", "static": "Hyena", "transformer": "Transforme
 def describe(config: dict) -> str:
     """A short label of a run's model and its non-default ablation settings."""
     if config["model"] == "transformer":
-        return "transformer (BertForMaskedLM)"
+        positions = config.get("transformer_positions", "learned")
+        name = {"learned": "BertForMaskedLM", "sinusoidal": "BertForMaskedLM, sinusoidal positions",
+                "rotary": "RoFormerForMaskedLM, rotary positions"}[positions]  # fmt: skip
+        return f"transformer ({name})" + (" + shift convolution" if config.get("transformer_shift") else "")
     if config["model"] != "orchid":
         return config["model"] + filter_label(config)
     parts = ["orchid", config["transform"], config["conditioning"]]

@@ -21,7 +21,15 @@ from pathlib import Path
 from orchid_hf.modeling.orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, FILTER_SPECTRA, TRANSFORMS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-from experiments.recall import CONDITIONING_LAYOUTS, MODELS, RecallConfig, plot_curves, results_table, train  # noqa: E402
+from experiments.recall import (  # noqa: E402
+    CONDITIONING_LAYOUTS,
+    MODELS,
+    TRANSFORMER_POSITIONS,
+    RecallConfig,
+    plot_curves,
+    results_table,
+    train,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "spectrum of a convolution with h0")
     parser.add_argument("--conditioning_norm", action="store_true",
                         help="experiment: LayerNorm in the conditioning network (not in the library operator)")
+    parser.add_argument("--transformer_positions", default=defaults.transformer_positions,
+                        choices=TRANSFORMER_POSITIONS, help="transformer only: BERT's learned table, the same table "
+                        "started from sinusoids, or rotary attention (RoFormerForMaskedLM)")
+    parser.add_argument("--transformer_shift", action="store_true",
+                        help="diagnostic (transformer): a depthwise convolution of length 3 over the word embeddings")
     parser.add_argument("--embedding_init_std", type=float, default=defaults.embedding_init_std)
     parser.add_argument("--config_overrides", type=json.loads, default={}, metavar="JSON",
                         help='fields of the model\'s config, e.g. \'{"pre_norm": false}\'')
