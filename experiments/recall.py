@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -485,9 +486,10 @@ def describe(config: dict) -> str:
         positions = config.get("transformer_positions", "learned")
         name = {"learned": "BertForMaskedLM", "sinusoidal": "BertForMaskedLM, sinusoidal positions",
                 "rotary": "RoFormerForMaskedLM, rotary positions"}[positions]  # fmt: skip
-        return f"transformer ({name})" + (" + shift convolution" if config.get("transformer_shift") else "")
+        shift = " + shift convolution" if config.get("transformer_shift") else ""
+        return f"transformer ({name}){shift}" + other_settings(config)
     if config["model"] != "orchid":
-        return config["model"] + filter_label(config)
+        return config["model"] + filter_label(config) + other_settings(config)
     parts = ["orchid", config["transform"], config["conditioning"]]
     if config["conditioning"] == "xcorr":
         parts.append(config["activation"])
@@ -496,7 +498,17 @@ def describe(config: dict) -> str:
         parts.append(f"depth {config['conditioning_depth']}")
     if config["conditioning_norm"]:
         parts.append("LayerNorm")
-    return " / ".join(parts) + filter_label(config)
+    return " / ".join(parts) + filter_label(config) + other_settings(config)
+
+
+def other_settings(config: dict) -> str:
+    """The settings of a run, outside the model's own label, that differ from the defaults."""
+    defaults = asdict(RecallConfig())
+    names = {"hidden_size": "width", "num_layers": "depth", "num_heads": "heads", "embedding_init_std": "embedding std",
+             "weight_decay": "weight decay", "grad_clip": "clipping"}  # fmt: skip
+    parts = [f"{label} {config[name]:g}" for name, label in names.items() if config[name] != defaults[name]]
+    parts += [f"{name} {value}" for name, value in config["config_overrides"].items()]
+    return "".join(f" / {part}" for part in parts)
 
 
 def filter_label(config: dict) -> str:
@@ -551,8 +563,9 @@ def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
             c = r["config"]
             if (c["vocab_size"], c["seq_len"]) == (vocab, length):
                 steps = [p["step"] for p in r["curve"]]
-                ax.plot(steps, [100 * p["test_accuracy"] for p in r["curve"]], marker=".",
-                        label=f"{describe(c)} (seed {c['seed']}, {c['steps']} steps, lr {c['lr']:g})")
+                schedule = f"{c['steps']} steps, lr {c['lr']:g}, warm-up {c['warmup_steps']}"
+                label = f"{describe(c)} (seed {c['seed']}, {schedule})"
+                ax.plot(steps, [100 * p["test_accuracy"] for p in r["curve"]], marker=".", label=label)
         ax.set(title=f"vocabulary {vocab}, length {length}", xlabel="step", ylabel="test accuracy (%)", ylim=(0, 101))
         ax.grid(alpha=0.3)
         # Below the axes: inside, the legend would hide the curves that matter.
@@ -561,3 +574,34 @@ def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
     fig.savefig(out_png, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
+
+
+# A generated block of a results page: a marker naming the run files (a glob under the runs folder), the block's
+# content, and an end marker. "table" blocks hold results_table; "figure" blocks link a PNG of plot_curves.
+GENERATED_BLOCK = re.compile(
+    r"(?P<head><!-- generated (?P<kind>table|figure) (?P<pattern>\S+)(?: (?P<png>\S+))? -->\n)"
+    r"(?P<body>.*?)(?P<tail><!-- end generated -->)",
+    re.S,
+)
+
+
+def render_page(text: str, runs: str | Path, figures: str | Path | None = None) -> str:
+    """The page ``text`` with every generated block rebuilt from the run files under ``runs``; with ``figures`` (a
+    folder), the figures are drawn there too."""
+    runs = Path(runs)
+
+    def rebuild(match: re.Match) -> str:
+        paths = sorted(runs.glob(match["pattern"]))
+        if not paths:
+            raise ValueError(f"no run files match {match['pattern']!r} under {runs}")
+        if match["kind"] == "table":
+            body = results_table(paths)
+        else:
+            if not match["png"]:
+                raise ValueError(f"the figure block of {match['pattern']!r} names no PNG file")
+            if figures is not None:
+                plot_curves(paths, Path(figures) / match["png"])
+            body = f"![learning curves]({match['png']})\n"
+        return match["head"] + body + match["tail"]
+
+    return GENERATED_BLOCK.sub(rebuild, text)

@@ -4,6 +4,8 @@
         --out outputs/recall/orchid_v20_l128.json
     python scripts/associative_recall.py --model transformer --vocab_size 20 --out outputs/recall/bert_v20_l128.json
     python scripts/associative_recall.py --table outputs/recall/*.json --plot curves.png   # table of finished runs
+    python scripts/associative_recall.py --update_page docs/results/associative_recall.md \
+        --runs docs/results/recall_runs   # the page's generated tables and figures
 
 Models: ``orchid`` (OrchidForMaskedLM, preset ``orchid-recall``), ``static`` (the same with
 ``data_dependent=False``) and ``transformer`` (transformers' BertForMaskedLM of the same width and depth).
@@ -27,6 +29,7 @@ from experiments.recall import (  # noqa: E402
     TRANSFORMER_POSITIONS,
     RecallConfig,
     plot_curves,
+    render_page,
     results_table,
     train,
 )
@@ -78,21 +81,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--note", default="", help="a remark stored in the result and shown in the table")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="print a markdown table of these results")
     parser.add_argument("--plot", metavar="PNG", help="with --table: also plot the learning curves to PNG")
+    parser.add_argument("--update_page", metavar="MD", help="rebuild the generated tables and figures of this results "
+                        "page from the run files under --runs")
+    parser.add_argument("--runs", metavar="DIR", help="with --update_page: the folder of run files")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     if args.plot and not args.table:
         parser.error("--plot needs --table")
+    if bool(args.update_page) != bool(args.runs):
+        parser.error("--update_page and --runs go together")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.update_page:
+        page = Path(args.update_page)
+        page.write_text(render_page(page.read_text(), args.runs, figures=page.parent))
+        return
     if args.table:
         sys.stdout.write(results_table(args.table))
         if args.plot:
             plot_curves(args.table, args.plot)
         return
-    options = {k: v for k, v in vars(args).items() if k not in ("out", "note", "table", "plot", "no_progress")}
+    not_config = ("out", "note", "table", "plot", "update_page", "runs", "no_progress")
+    options = {k: v for k, v in vars(args).items() if k not in not_config}
     config = RecallConfig(**options)
     config.validate()
     out = Path(args.out) if args.out else None

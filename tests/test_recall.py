@@ -21,6 +21,7 @@ from experiments.recall import (
     generate_batch,
     held_out_set,
     query_logits,
+    render_page,
     results_table,
     sinusoids,
     train,
@@ -263,6 +264,42 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         train(config, progress=False, checkpoint_path=tmp_path / "run.ckpt")
 
 
+def fake_result(**config) -> dict:
+    """A run file as train() writes it, for a config, without training."""
+    curve = [{"step": s, "train_loss": 1.0, "val_loss": 1.0, "val_accuracy": 0.5, "test_loss": 1.0,
+              "test_accuracy": 0.25 * s / 100, "seconds": 6.0 * s} for s in (100, 200)]  # fmt: skip
+    config = asdict(RecallConfig(steps=200, **config))
+    return {"config": config, "parameters": 1000, "finished": True, "steps_done": 200, "val_accuracy": 0.5,
+            "test_accuracy": 0.5, "best_test_accuracy": 0.5, "seconds": 1200.0, "curve": curve}  # fmt: skip
+
+
+def test_a_results_page_is_rebuilt_from_its_run_files(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "grid").mkdir(parents=True)
+    (runs / "grid" / "a.json").write_text(json.dumps(fake_result(lr=5e-4)))
+    (runs / "grid" / "b.json").write_text(json.dumps(fake_result(model="static")))
+    (runs / "main.json").write_text(json.dumps(fake_result(vocab_size=30)))
+    page = ("# Page\n\n<!-- generated table grid/*.json -->\n| stale |\n<!-- end generated -->\n\nText.\n\n"
+            "<!-- generated figure *.json main.png -->\nold\n<!-- end generated -->\n")  # fmt: skip
+    rendered = render_page(page, runs)
+    table = results_table([runs / "grid" / "a.json", runs / "grid" / "b.json"])
+    assert rendered == ("# Page\n\n<!-- generated table grid/*.json -->\n" + table + "<!-- end generated -->\n\nText."
+                        "\n\n<!-- generated figure *.json main.png -->\n![learning curves](main.png)\n"
+                        "<!-- end generated -->\n")  # fmt: skip
+    assert "| 0.0005 | 100 | 50.0 | 50.0 |" in table and "| static" in table
+    assert render_page(rendered, runs) == rendered  # rebuilding an up-to-date page changes nothing
+    with pytest.raises(ValueError, match="no run files match 'other/\\*.json'"):
+        render_page("<!-- generated table other/*.json -->\n<!-- end generated -->", runs)
+
+
+@pytest.mark.slow
+def test_a_results_page_draws_its_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "run.json").write_text(json.dumps(fake_result()))
+    render_page("<!-- generated figure run.json curves.png -->\n<!-- end generated -->\n", tmp_path, tmp_path)
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
 # Every flag of scripts/associative_recall.py, with a value other than its default, and what it must change.
 FLAGS = [
     (["--model", "static"], lambda c, m: c["model"] == "static" and m.config.data_dependent is False),
@@ -336,3 +373,11 @@ def test_the_script_prints_the_table_and_plots_the_curves(tmp_path, capsys):
     assert (tmp_path / "curves.png").stat().st_size > 1000
     with pytest.raises(SystemExit):
         script.main(["--plot", str(tmp_path / "x.png")])
+    page = tmp_path / "page.md"
+    page.write_text("<!-- generated table orchid.json -->\n<!-- end generated -->\n"
+                    "<!-- generated figure *.json page_curves.png -->\n<!-- end generated -->\n")  # fmt: skip
+    script.main(["--update_page", str(page), "--runs", str(tmp_path)])
+    assert "| orchid / dct / abs" in page.read_text() and "transformer (BertForMaskedLM)" not in page.read_text()
+    assert (tmp_path / "page_curves.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        script.main(["--update_page", str(page)])
