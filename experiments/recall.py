@@ -549,31 +549,42 @@ def results_table(paths: list[str | Path]) -> str:
 
 
 def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
-    """Test accuracy against training step for each run, one panel per (vocabulary, length)."""
+    """Validation accuracy against training step for each run (test accuracy for runs without a validation split),
+    one panel per model and task (vocabulary, length); each legend names what differs from the model's defaults."""
     from orchid_hf.extras import require_extra
 
     require_extra("matplotlib", "plot").use("Agg")
     import matplotlib.pyplot as plt
 
     results = [json.loads(Path(p).read_text()) for p in paths]
-    tasks = sorted({(r["config"]["vocab_size"], r["config"]["seq_len"]) for r in results})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 6.5), squeeze=False)
-    for ax, (vocab, length) in zip(axes[0], tasks):
+    order = {name: i for i, name in enumerate(MODELS)}
+    panels = sorted({(r["config"]["seq_len"], r["config"]["vocab_size"], r["config"]["model"]) for r in results},
+                    key=lambda k: (k[0], k[1], order[k[2]]))  # fmt: skip
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 5.5 * rows), squeeze=False)
+    for ax, (length, vocab, model) in zip(axes.flat, panels):
         for r in results:
             c = r["config"]
-            if (c["vocab_size"], c["seq_len"]) == (vocab, length):
+            if (c["seq_len"], c["vocab_size"], c["model"]) == (length, vocab, model):
+                split = "val" if "val_accuracy" in r["curve"][0] else "test"
+                default = describe(asdict(RecallConfig(model=model))).split(" / ")
+                variant = [part for part in describe(c).split(" / ") if part not in default]
+                schedule = [f"seed {c['seed']}", f"{c['steps']} steps", f"lr {c['lr']:g}"]
+                schedule.append(f"warm-up {c['warmup_steps']}")
+                label = ", ".join([*variant, *schedule, *([] if split == "val" else ["test split"])])
                 steps = [p["step"] for p in r["curve"]]
-                schedule = f"{c['steps']} steps, lr {c['lr']:g}, warm-up {c['warmup_steps']}"
-                label = f"{describe(c)} (seed {c['seed']}, {schedule})"
-                ax.plot(steps, [100 * p["test_accuracy"] for p in r["curve"]], marker=".", label=label)
-        ax.set(title=f"vocabulary {vocab}, length {length}", xlabel="step", ylabel="test accuracy (%)", ylim=(0, 101))
+                ax.plot(steps, [100 * p[f"{split}_accuracy"] for p in r["curve"]], marker=".", label=label)
+        ax.set(title=f"{model}, vocabulary {vocab}, length {length}", xlabel="step", ylabel="accuracy (%)",
+               ylim=(0, 101))  # fmt: skip
         ax.grid(alpha=0.3)
         # Below the axes: inside, the legend would hide the curves that matter.
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110, bbox_inches="tight")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.subplots_adjust(hspace=0.75, wspace=0.25)
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
-
 
 
 # A generated block of a results page: a marker naming the run files (a glob under the runs folder), the block's
