@@ -18,6 +18,7 @@ The loss is cross-entropy on the query position only: the masked-LM head's logit
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -357,6 +358,23 @@ def held_out_set(config: RecallConfig, split: str) -> tuple[torch.Tensor, torch.
     return generate_batch(config.eval_size, config.vocab_size, config.seq_len, generator)
 
 
+def most_frequent_value(inputs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The plateau's prediction: the value that occurs most often in each sequence (the lowest token of a tie),
+    (batch,) int64."""
+    values = inputs[:, :-1]
+    counts = F.one_hot(values, vocab_size + 1)[..., vocab_size // 2 : vocab_size].sum(dim=1)
+    return counts.argmax(dim=-1) + vocab_size // 2
+
+
+@functools.cache
+def plateau_accuracy(vocab_size: int, seq_len: int, eval_size: int, split: str = "test") -> float:
+    """How often the most frequent value is the answer on a held-out split: the accuracy of the plateau that every
+    run starts on."""
+    config = RecallConfig(vocab_size=vocab_size, seq_len=seq_len, eval_size=eval_size)
+    inputs, targets = held_out_set(config, split)
+    return (most_frequent_value(inputs, vocab_size) == targets).float().mean().item()
+
+
 def train(
     config: RecallConfig,
     log_path: str | Path | None = None,
@@ -522,11 +540,12 @@ def results_table(paths: list[str | Path]) -> str:
     """A markdown table of run results (JSON files written by the CLI), with the paper's number beside each.
 
     "val" and "test" are the accuracies after the run's last step on the two held-out splits ("-" for runs that
-    predate the validation split); a run stopped before its schedule ended shows the steps it reached."""
+    predate the validation split), "most frequent value" the plateau's accuracy on the test split; a run stopped
+    before its schedule ended shows the steps it reached."""
     rows = [
         "| model | parameters | vocab | length | seed | steps | batch | lr | warm-up | val acc. % | test acc. % | "
-        "paper % | wall time | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "most frequent value % | paper % | wall time | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     results = [json.loads(Path(p).read_text()) for p in paths]
     results.sort(key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"]),
@@ -540,10 +559,12 @@ def results_table(paths: list[str | Path]) -> str:
         paper_text = f"{paper:g} ({PAPER_NAMES[c['model']]})" if paper is not None else "-"
         steps = str(c["steps"]) if r.get("finished", True) else f"{r['steps_done']} of {c['steps']} (stopped)"
         val = f"{100 * r['val_accuracy']:.1f}" if "val_accuracy" in r else "-"
+        plateau = plateau_accuracy(c["vocab_size"], c["seq_len"], c["eval_size"])
         rows.append(
             f"| {describe(c)} | {r['parameters'] / 1e3:.0f}K | {c['vocab_size']} | {c['seq_len']} | {c['seed']} | "
             f"{steps} | {c['batch_size']} | {c['lr']:g} | {c['warmup_steps']} | {val} | "
-            f"{100 * r['test_accuracy']:.1f} | {paper_text} | {r['seconds'] / 60:.0f} min | {r.get('note', '')} |"
+            f"{100 * r['test_accuracy']:.1f} | {100 * plateau:.1f} | {paper_text} | {r['seconds'] / 60:.0f} min | "
+            f"{r.get('note', '')} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -4,6 +4,7 @@ that the orchid-recall preset learns the task."""
 import importlib.util
 import json
 import math
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from experiments.recall import (
     check_answers,
     generate_batch,
     held_out_set,
+    most_frequent_value,
+    plateau_accuracy,
     query_logits,
     render_page,
     results_table,
@@ -199,7 +202,7 @@ def test_training_loop_logs_a_curve_and_the_table_reads_it(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(result))
     table = results_table([tmp_path / "run.json"])
     parameters = sum(p.numel() for p in build_model(config).parameters())
-    label = "orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1"
+    label = "orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1 / width 16"  # the non-default width named
     assert f"| {label} | {parameters / 1e3:.0f}K | 8 | 16 | 0 | 4 |" in table
 
 
@@ -214,6 +217,20 @@ def test_the_validation_and_test_splits_are_fixed_and_differ():
     assert not rows[0] & rows[1] and not rows[0] & rows[2] and not rows[1] & rows[2]
     with pytest.raises(ValueError, match="split must be one of .* got 'train'"):
         held_out_set(config, "train")
+
+
+def test_the_plateau_predicts_the_most_frequent_value():
+    # Vocabulary 8: keys 0-3, values 4-7, start token 8; the last token is the query.
+    inputs = torch.tensor([[8, 0, 5, 1, 6, 2, 5, 3, 7, 1], [8, 0, 6, 1, 5, 2, 7, 3, 4, 0]])
+    assert most_frequent_value(inputs, 8).tolist() == [5, 4]  # a tie goes to the lowest value
+    config = RecallConfig(vocab_size=20, seq_len=32, eval_size=300)
+    inputs, targets = held_out_set(config, "test")
+    hits = 0
+    for row, target in zip(inputs.tolist(), targets.tolist()):
+        counts = Counter(t for t in row[:-1] if 10 <= t < 20)
+        top = max(counts.values())
+        hits += min(v for v, n in counts.items() if n == top) == target
+    assert plateau_accuracy(20, 32, 300) == hits / 300
 
 
 TINY_RUN = dict(vocab_size=8, seq_len=16, hidden_size=16, steps=6, batch_size=8, warmup_steps=2, eval_every=2,
