@@ -9,7 +9,11 @@ TORCH_SPEC ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-fast lint benchmark clean
+# transformers' common model tests ship in its source distribution, not in the wheel: fetched once per installed
+# version for tests/test_transformers_common.py.
+TRANSFORMERS_TESTS := .cache/transformers-tests
+
+.PHONY: demo test test-fast lint benchmark clean transformers-tests
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,12 +25,23 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-test: $(STAMP) lint
+test: $(STAMP) lint transformers-tests
 	$(PY) -m pytest -q tests
 
 # The quick loop while editing: everything but the tests marked slow (subprocesses, recipes end to end, training).
-test-fast: $(STAMP) lint
+test-fast: $(STAMP) lint transformers-tests
 	$(PY) -m pytest -q -m "not slow" tests
+
+transformers-tests: $(STAMP)
+	@version=$$($(PY) -c "import transformers; print(transformers.__version__)"); \
+	if [ "$$(cat $(TRANSFORMERS_TESTS)/VERSION 2>/dev/null)" != "$$version" ]; then \
+		rm -rf $(TRANSFORMERS_TESTS) && mkdir -p $(TRANSFORMERS_TESTS) && \
+		$(PY) -m pip download -q --no-deps --no-binary :all: -d $(TRANSFORMERS_TESTS) "transformers==$$version" && \
+		tar -xzf $(TRANSFORMERS_TESTS)/transformers-$$version.tar.gz -C $(TRANSFORMERS_TESTS) \
+			--strip-components=1 "transformers-$$version/tests" && \
+		rm $(TRANSFORMERS_TESTS)/transformers-$$version.tar.gz && touch $(TRANSFORMERS_TESTS)/tests/__init__.py && \
+		echo "$$version" > $(TRANSFORMERS_TESTS)/VERSION; \
+	fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

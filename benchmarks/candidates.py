@@ -38,7 +38,8 @@ TABLE_MODULE = {"operator": "operator", "model": "model", "train_model": "masked
 
 
 class AttentionBlock(nn.Module):
-    """Multi-head self-attention with the Orchid operator's interface: (B, L, d) -> (B, L, d)."""
+    """Multi-head self-attention with the Orchid operator's interface: (B, L, d) -> (B, L, d). ``backend``: SDPA's
+    choice (``"default"``), or its ``"math"`` (L x L scores) or ``"flash"`` kernel forced."""
 
     def __init__(self, d_model: int, num_heads: int, backend: str = "default"):
         super().__init__()
@@ -55,10 +56,10 @@ class AttentionBlock(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, length, d))
 
     def _kernel(self):
-        if self.backend == "math":
+        if self.backend in ("math", "flash"):
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            return sdpa_kernel(SDPBackend.MATH)
+            return sdpa_kernel(SDPBackend.MATH if self.backend == "math" else SDPBackend.FLASH_ATTENTION)
         return contextlib.nullcontext()
 
 
@@ -172,6 +173,16 @@ def _orchid_model(package_of: Callable):
     return build
 
 
+def _compiled_operator(hidden, heads, length, reference):
+    return torch.compile(_orchid_operator(hidden, heads, length, reference))
+
+
+def _compiled_model(quick, length, reference, layers):
+    import orchid_hf
+
+    return torch.compile(_orchid_model(lambda _: orchid_hf)(quick, length, reference, layers))
+
+
 def _optimized_model(quick, length, reference, layers):
     import orchid_hf
 
@@ -225,7 +236,10 @@ class OnnxRuntimeModel(nn.Module):
 def _onnxruntime_model(quick, length, reference, layers):
     import orchid_hf
 
-    return OnnxRuntimeModel(_orchid_model(lambda _: orchid_hf)(quick, length, reference, layers).eval())
+    # Exported with the one transform length the point's inputs use: an exported graph computes every transform
+    # length of the model's ladder for each row (docs/model.md), where eager PyTorch runs only the one a row needs.
+    config = orchid_config(orchid_hf, quick, length, layers, transform_lengths=[length])
+    return OnnxRuntimeModel(orchid_hf.OrchidModel(config).eval())
 
 
 def _bert_model(quick, length, reference, layers):
@@ -311,6 +325,10 @@ CANDIDATES: dict[str, Candidate] = {
             "orchid_optimized", "Orchid, optimize_for_inference",
             dict(operator=_optimized_operator, model=_optimized_model),
             tables=("operator", "model"), trains=False, color="C1",
+        ),
+        Candidate(
+            "orchid_compiled", "Orchid, torch.compile", dict(operator=_compiled_operator, model=_compiled_model),
+            tables=("operator", "model"), trains=False, wanted="compiled", color="C6",
         ),
         # The plain model exported to ONNX and run by ONNX Runtime, where onnxruntime is installed (the onnx extra).
         Candidate(

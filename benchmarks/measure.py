@@ -363,6 +363,29 @@ def machine_info(threads: int, device: str = "cpu") -> dict:
     return info
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` for uncommitted changes), where git and a repository are there."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if status else "")
+
+
+def write_result(result: dict, out_dir: str | Path, stem: str, markdown: Callable[[dict], str]) -> None:
+    """A script's result as ``STEM.json`` and its tables as ``STEM.md`` in ``out_dir`` (made if missing); the tables
+    are printed too."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    (out_dir / f"{stem}.md").write_text(text)
+    print(text)
+
+
 def load_average() -> float:
     try:
         return round(os.getloadavg()[0], 2)
@@ -416,22 +439,6 @@ def retained_bytes(fn: Callable, *args, **kwargs) -> int:
     alive = recorder.alive_bytes()
     del result
     return alive
-
-
-def saved_storage_bytes(fn: Callable, *args, **kwargs) -> int:
-    """The bytes of the distinct storages that autograd saves for backward while ``fn(*args, **kwargs)`` runs, as its
-    saved-tensor hooks see them (steps recomputed in backward keep their inputs outside these: see
-    :func:`retained_bytes`)."""
-    storages: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        # Saved tensors stay alive until backward, so no two of them share an address unless they share storage.
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn(*args, **kwargs)
-    return sum(storages.values())
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ class BenchmarkSettings:
     """What one run measures and how. ``quick``: tiny sizes; ``hidden``/``heads``: the operator's width (and the train
     part's operator level); ``layers``: the depth of the model and train parts' models; ``repeats`` timed rounds per
     point, at least ``min_repeats`` once ``point_budget_s`` is spent; ``max_call_s``: longer calls stop an operator's
-    sweep or are timed once; ``rss``: also the peak RSS growth of a call (CPU only); ``reference``: the model-code
+    sweep or are timed once; ``rss``: also the peak RSS growth of a call (CPU only); ``compiled``: also time
+    ``torch.compile`` of the plain model and operator (candidate ``orchid_compiled``); ``reference``: the model-code
     folder of candidate ``orchid_reference``."""
 
     quick: bool = False
@@ -39,6 +40,7 @@ class BenchmarkSettings:
     model_shapes: list[tuple[int, int]] = field(default_factory=lambda: list(MODEL_SHAPES))
     train_shapes: list[tuple[int, int]] = field(default_factory=lambda: list(TRAIN_SHAPES))
     train_checkpointing: bool = False
+    compiled: bool = False
     layers: int = 12
     profile_shapes: list[tuple[int, int]] = field(default_factory=list)
     profile_train_shapes: list[tuple[int, int]] = field(default_factory=list)
@@ -87,6 +89,7 @@ class BenchmarkSettings:
             train_shapes=(parse_shapes(args.train_shapes, "train_shapes") if args.train_shapes
                           else list(default_shapes or TRAIN_SHAPES)),
             train_checkpointing=args.train_checkpointing,
+            compiled=args.compiled,
             layers=args.layers if args.layers else (2 if quick else 12),
             profile_shapes=parse_shapes(args.profile, "profile") if args.profile else [],
             profile_train_shapes=parse_shapes(args.profile_train, "profile_train") if args.profile_train else [],

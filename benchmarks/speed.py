@@ -118,6 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-shapes", default=None, metavar="SHAPES",
                         help=f"shapes BxL of the train part (default {shapes_text(TRAIN_SHAPES)}; "
                              f"{shapes_text(QUICK_SHAPES)} with --quick)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time torch.compile of the plain Orchid model and operator (forward; the warm-up "
+                        "call compiles)")
     parser.add_argument("--train-checkpointing", action="store_true",
                         help="train part: also time OrchidForMaskedLM with gradient checkpointing "
                              "(model.gradient_checkpointing_enable(), which trades a recomputed forward for memory)")

@@ -23,6 +23,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from orchid_hf.modeling.orchid_layers import (
     TRANSFORMS,
     OrchidOperator,
 )
-from orchid_hf.modeling.orchid_ops import ALL_CHANNELS, forward_transform, masked
+from orchid_hf.modeling.orchid_ops import forward_transform, masked
 from torch import nn
 
 MODELS = ("orchid", "static", "transformer")
@@ -234,9 +235,7 @@ class NormalizedConditioning(nn.Module):
     """Type I conditioning with a LayerNorm over channels after the time and the frequency convolutions.
 
     An experiment, not the library operator: it reuses the wrapped network's convolutions and adds what the
-    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not. A LayerNorm
-    over channels needs every channel at once, so it refuses the operator's channel groups (long inputs of wide
-    models).
+    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not.
     """
 
     def __init__(self, inner: nn.Module, channels: int):
@@ -245,15 +244,8 @@ class NormalizedConditioning(nn.Module):
         self.time_norm = nn.LayerNorm(channels)  # over the channels of (B, L, C) features and (B, N, C) spectra
         self.freq_norm = nn.LayerNorm(channels)
 
-    def forward(
-        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The wrapped network's signature: u (B, L, C), transform length n, mask (B, L, 1) or None."""
-        if channels != ALL_CHANNELS:
-            raise ValueError(
-                f"conditioning_norm needs all {self.time_norm.normalized_shape[0]} channels at once; this input "
-                f"({u.shape[0]} x {n} positions) is mixed a group of channels at a time. Use a smaller batch."
-            )
         key = self.time_norm(self.inner.time_conv(u, mask, u.shape[1] == n))
         spectrum = forward_transform(masked(key, mask), self.inner.transform, n).abs()
         return self.freq_norm(self.inner.freq_conv(spectrum))
@@ -372,7 +364,7 @@ def plateau_accuracy(vocab_size: int, seq_len: int, eval_size: int, split: str =
     run starts on."""
     config = RecallConfig(vocab_size=vocab_size, seq_len=seq_len, eval_size=eval_size)
     inputs, targets = held_out_set(config, split)
-    return (most_frequent_value(inputs, vocab_size) == targets).float().mean().item()
+    return (most_frequent_value(inputs, vocab_size) == targets).sum().item() / len(targets)
 
 
 def train(
@@ -382,6 +374,8 @@ def train(
     result_path: str | Path | None = None,
     extra: dict | None = None,
     checkpoint_path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Trains on freshly generated batches and returns the final metrics and the learning curve.
 
@@ -389,15 +383,20 @@ def train(
     summary (plus ``extra``) after every evaluation, marked ``finished: false`` until the last step, so that a run
     stopped early still leaves its numbers. With ``checkpoint_path`` the model, optimizer, data stream and curve are
     saved there at every evaluation, and a run of the same config resumes from that file; it is removed at the end.
+    ``device``: where the model trains (the batches are drawn on the CPU, from the same generator whatever the
+    device). ``stop``: called after every step; when it returns True the run evaluates once more and ends there,
+    before its schedule does (a time budget, say).
     """
     from tqdm.auto import tqdm
 
     config.validate()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    model = build_model(config)
+    model = build_model(config).to(device)
     data = torch.Generator().manual_seed(config.seed + 1)
-    held_out = {split: held_out_set(config, split) for split in ("validation", "test")}
+    held_out = {
+        split: tuple(tensor.to(device) for tensor in held_out_set(config, split)) for split in ("validation", "test")
+    }
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "embedding" in n]
     optimizer = torch.optim.AdamW(
@@ -408,7 +407,7 @@ def train(
     checkpoint = Path(checkpoint_path) if checkpoint_path else None
     first, curve, spent = 0, [], 0.0
     if checkpoint and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=True)
+        state = torch.load(checkpoint, weights_only=True, map_location=device)
         if state["config"] != asdict(config):
             changed = {k: (v, asdict(config)[k]) for k, v in state["config"].items() if asdict(config).get(k) != v}
             raise ValueError(f"checkpoint {checkpoint} belongs to another run; (saved, asked) differ in {changed}")
@@ -423,16 +422,19 @@ def train(
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        inputs, targets = generate_batch(config.batch_size, config.vocab_size, config.seq_len, data)
+        inputs, targets = (
+            tensor.to(device) for tensor in generate_batch(config.batch_size, config.vocab_size, config.seq_len, data)
+        )
         loss = F.cross_entropy(query_logits(model, inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
-        running.append(loss.item())
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            point = {"step": step + 1, "train_loss": sum(running) / len(running)}
+        running.append(loss.detach())  # read at the evaluations only: on a GPU each read waits for the queue
+        stopping = stop is not None and stop()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps or stopping:
+            point = {"step": step + 1, "train_loss": torch.stack(running).mean().item()}
             for split, name in (("validation", "val"), ("test", "test")):
                 point.update({f"{name}_{k}": v for k, v in evaluate(model, *held_out[split]).items()})
             point["seconds"] = round(time.time() - began, 1)
@@ -445,7 +447,7 @@ def train(
             summary = run_summary(config, model, curve, extra)
             if result_path:
                 Path(result_path).write_text(json.dumps(summary, indent=1))
-            if checkpoint and step + 1 < config.steps:
+            if checkpoint and step + 1 < config.steps and not stopping:
                 state = {
                     "config": asdict(config),
                     "model": model.state_dict(),
@@ -458,6 +460,8 @@ def train(
                 partial = checkpoint.with_name(checkpoint.name + ".tmp")
                 torch.save(state, partial)
                 partial.replace(checkpoint)  # a stop while saving leaves the previous checkpoint whole
+        if stopping:
+            break
     if log:
         log.close()
     if checkpoint:

@@ -11,7 +11,7 @@ from typing import ClassVar
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
-from .orchid_layers import OperatorSettings, is_integer
+from .orchid_layers import OperatorSettings, extended_transform_lengths, is_integer
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
@@ -30,7 +30,7 @@ BUILD_FIELDS = (
     *(field.name for field in fields(OperatorSettings)),
     "hidden_size", "num_hidden_layers", "intermediate_size", "hidden_act", "hidden_dropout_prob",
     "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pre_norm", "mlp_type", "mlp_num_blocks",
-    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels", "chunk_size_feed_forward",
+    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels",
 )  # fmt: skip
 
 # The CIFAR-10 models of Table 4.5 / C.3 differ only in width. As for ImageNet (Sec. 4.3), the MLPs are block-diagonal
@@ -154,14 +154,12 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     ``initializer_range`` is the standard deviation of BERT's initialisation; ``word_embedding_init_std``, when set,
     replaces it for the word embeddings (the ``orchid-recall`` preset draws them from N(0, 1), see docs/model.md).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
+    ``chunk_size_feed_forward`` (transformers' field, read as BERT reads it): everything after each layer's mixer (the
+    residual sums, the LayerNorms and the MLP) acts on each token alone and runs on runs of this many tokens, so that
+    the MLP's wide intermediate tensors stay small on long inputs; 0 runs all tokens at once.
     ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification. The
     default stays ``"first"`` (a config.json without the field gets it); the recipe for one's own data sets ``"mean"``
     for a new head (docs/model.md, "Pooling").
-    ``chunk_size_feed_forward``: everything after each layer's mixer (the residual sums, the LayerNorms and the MLP)
-    acts on each token alone, and runs on runs of this many tokens of the flattened (batch x length) input; 0 runs it
-    on all tokens at once. The default keeps the MLP's intermediate tensors (``tokens x 2 intermediate_size`` for
-    the GLU) below the size at which glibc's allocator maps fresh pages on every call, which on long inputs cost
-    about as much as the pass that fills them. (transformers' BERT reads the same field as positions per chunk.)
     """
 
     model_type = "orchid"
@@ -238,6 +236,27 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
                 raise ValueError(f"{key!r} is not a field of OrchidConfig{hint}")
         return cls(**{**PRESETS[name], **overrides})
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """``PreTrainedConfig.from_dict``, reading a config saved before ``transform_lengths`` existed as one transform
+        length, the longest input (the length such models were trained at); and, where ``max_position_embeddings`` is
+        given anew, extending the model's context (:func:`extended_transform_lengths`, the filters' lag scale kept)."""
+        config_dict = dict(config_dict)
+        saved = config_dict.get("max_position_embeddings", cls.max_position_embeddings)
+        if config_dict.get("image_size") is not None:
+            saved = (config_dict["image_size"] // config_dict.get("patch_size", 1)) ** 2
+        if "transform_lengths" not in config_dict:
+            config_dict["transform_lengths"] = [saved]
+        wanted = kwargs.get("max_position_embeddings")
+        if wanted is not None and wanted != saved and config_dict.get("image_size") is None:
+            config_dict["max_position_embeddings"] = wanted
+            config_dict["filter_lag_scale"] = config_dict.get("filter_lag_scale") or saved
+            if config_dict["transform_lengths"] is not None:
+                config_dict["transform_lengths"] = list(
+                    extended_transform_lengths(tuple(config_dict["transform_lengths"]), wanted)
+                )
+        return super().from_dict(config_dict, **kwargs)
+
     @property
     def is_vision(self) -> bool:
         return self.image_size is not None
@@ -262,11 +281,6 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
-        if not is_integer(self.chunk_size_feed_forward) or self.chunk_size_feed_forward < 0:
-            raise ValueError(
-                "OrchidConfig.chunk_size_feed_forward must be a non-negative integer (tokens per chunk; 0 for none), "
-                f"got {self.chunk_size_feed_forward!r}"
-            )
         if not is_integer(self.type_vocab_size) or self.type_vocab_size < 0:
             raise ValueError(
                 f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"
@@ -314,6 +328,7 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
                 )
         elif self.patch_size is not None:
             raise ValueError(f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not")
+        self.resolved_transform_lengths(self.max_sequence_length, "OrchidConfig")
         length_field = "the number of patches" if self.is_vision else "max_position_embeddings"
         for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
             if getattr(self, name) > self.max_sequence_length:

@@ -2,12 +2,12 @@
 the Orchid operator (Karami & Ghodsi, NeurIPS 2024, Sec. 4.2 and 4.3).
 
 Layout, as in ``modeling_bert.py``: embeddings -> layers (sequence mixer, MLP) -> encoder -> pretrained base class ->
-base model -> task heads.
+base model -> task heads. Inputs are checked once, where they enter (``OrchidModel`` and the heads); the layers take
+a :class:`SequenceLayout` computed once per call and read no tensor value on the host.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -26,29 +26,27 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import PreTrainedModel
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, logging
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_orchid import BUILD_FIELDS, PROBLEM_TYPES, OrchidConfig
 from .orchid_layers import (
     BlockDiagonalLinear,
     DerivedBuffers,
+    FoldedFilter,
     ImplicitFilter,
     OrchidOperator,
     ShortConvolution,
     Sin,
     check_attention_mask,
     check_values,
+    is_integer,
     value_range,
 )
-from .orchid_ops import (
-    GatedActivation,
-    front_packing_order,
-    gated_activation_ref,
-    gather_rows,
-    observed,
-    saved_as_recomputation,
-    scatter_rows,
-)
+from .orchid_ops import SequenceLayout, is_traced, masked
+
+logger = logging.get_logger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # Embeddings
@@ -74,9 +72,14 @@ class OrchidEmbeddings(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``mask`` (B, L, 1, bool): the real tokens. The word embeddings of the others are cleared, whether they come
+        from ``input_ids`` or ``inputs_embeds``: a caller's embeddings may hold NaN or inf at padded positions, which
+        through the LayerNorms' gradients would otherwise reach the weights."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
+        inputs_embeds = masked(inputs_embeds, mask)
         batch, length = inputs_embeds.shape[:2]
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
@@ -119,14 +122,6 @@ class OrchidPatchEmbeddings(DerivedBuffers):
         return {"position_embeddings": sinusoidal_position_embeddings_2d(self.grid_size, self.hidden_size)}
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        expected = (self.num_channels, self.image_size, self.image_size)
-        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
-            raise ValueError(
-                f"pixel_values must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
-                f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}"
-            )
-        if pixel_values.shape[0] == 0:
-            raise ValueError("pixel_values has batch size 0")
         patches = self.projection(pixel_values.to(self.projection.weight.dtype)).flatten(2).transpose(1, 2)
         return self.dropout(patches + self.position_embeddings.to(patches.dtype))
 
@@ -145,9 +140,7 @@ def feature_linear(in_features: int, out_features: int, num_blocks: int) -> nn.M
 
 class OrchidMLP(nn.Module):
     """The dimension mixer: ``W2 act(W1 x)``, or the GLU ``W2 (act(W1 x) * W1' x)`` of M2-BERT, where W1 and W1' are
-    the two halves of ``up_proj``. Under autograd the GLU keeps only ``up_proj``'s output for backward
-    (:class:`GatedActivation`), and the down projection's input is recomputed from it when backward needs it
-    (:func:`saved_as_recomputation`)."""
+    the two halves of ``up_proj``."""
 
     def __init__(self, config: OrchidConfig):
         super().__init__()
@@ -155,24 +148,17 @@ class OrchidMLP(nn.Module):
         up_features = 2 * config.intermediate_size if self.is_glu else config.intermediate_size
         self.up_proj = feature_linear(config.hidden_size, up_features, config.mlp_num_blocks)
         self.down_proj = feature_linear(config.intermediate_size, config.hidden_size, config.mlp_num_blocks)
-        self.hidden_act = config.hidden_act
         self.act = ACT2FN[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
-        if not self.is_glu:
-            return self.dropout(self.down_proj(self.act(hidden_states)))
-        if torch.compiler.is_compiling() or observed((self.act,)):
-            # The compiler cannot trace GatedActivation's backward (torch.autograd.grad inside it) and plans the
-            # memory of the written-out GLU itself; and a hook on the activation, which may change its output, must
-            # see every call, where GatedActivation's backward and the recomputation below call act.forward.
-            return self.dropout(self.down_proj(gated_activation_ref(hidden_states, self.act)))
-        gated = GatedActivation.apply(hidden_states, self.act)
-        recompute = functools.partial(gated_activation_ref, hidden_states, self.act.forward)
-        with saved_as_recomputation(gated, recompute, hidden_states, modules=(self.down_proj,)):
-            hidden_states = self.down_proj(gated)
-        return self.dropout(hidden_states)
+        if self.is_glu:
+            gate, value = hidden_states.chunk(2, dim=-1)
+            hidden_states = self.act(gate) * value
+        else:
+            hidden_states = self.act(hidden_states)
+        return self.dropout(self.down_proj(hidden_states))
 
 
 class OrchidLayer(GradientCheckpointingLayer):
@@ -192,16 +178,18 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp = OrchidMLP(config)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, rows_packed: bool = False
-    ) -> torch.Tensor:
-        """``rows_packed``: every row's real tokens come first already (see :meth:`OrchidOperator.forward`)."""
+    def forward(self, hidden_states: torch.Tensor, layout: SequenceLayout | None = None) -> torch.Tensor:
+        """``layout``: where the real tokens are and each row's transform length (:class:`SequenceLayout`), computed by
+        ``OrchidModel``; None: every position is real."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
-        mixed = self.mixer_dropout(self.mixer(mixer_input, attention_mask, rows_packed=rows_packed))
-        # Everything after the mixer acts on each token alone: it runs on runs of chunk_size_feed_forward tokens, so
-        # that the MLP's wide intermediate tensors stay small (see OrchidConfig).
+        layout = self.mixer.layout(mixer_input, None) if layout is None else layout
+        mixed = self.mixer_dropout(self.mixer(mixer_input, layout=layout))
+        # Everything after the mixer acts on each token alone: runs of chunk_size_feed_forward tokens keep the MLP's
+        # wide intermediate tensors small, where whole ones would take fresh pages from the operating system on every
+        # call (`scripts/benchmark.py --parts model` times long inputs). Compiled or exported, one run: the compiler
+        # plans the memory, and a branch on the token count would tie the graph to one side of it.
         size = self.chunk_size_feed_forward
-        if size <= 0 or hidden_states.shape[:-1].numel() <= size:
+        if size <= 0 or is_traced() or hidden_states.shape[0] * hidden_states.shape[1] <= size:
             return self.feed_forward(hidden_states, mixed)
         width = hidden_states.shape[-1]
         chunks = zip(hidden_states.reshape(-1, width).split(size), mixed.reshape(-1, width).split(size))
@@ -224,17 +212,11 @@ class OrchidEncoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
 
     def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        rows_packed: bool = False,
+        self, hidden_states: torch.Tensor, layout: SequenceLayout, output_hidden_states: bool = False
     ) -> BaseModelOutput:
-        """``rows_packed``: every row's real tokens come first already (``OrchidModel`` packs them once per call);
-        otherwise each layer's operator packs rows padded on the left itself."""
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         for layer in self.layer:
-            hidden_states = layer(hidden_states, attention_mask, rows_packed=rows_packed)
+            hidden_states = layer(hidden_states, layout)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
         if self.final_norm is not None:
@@ -254,7 +236,7 @@ class OrchidPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["OrchidLayer"]
     # The implicit filters' sine features of the lag and the conditioning network, which feeds the transforms, stay
-    # in float32 when a checkpoint is loaded in half precision.
+    # in float32 when the model is loaded or built in half precision.
     _keep_in_fp32_modules_strict = ["static_filter", "residual_filter", "conditioning"]
     # The losses are means over the batch: Trainer divides them by its gradient accumulation steps itself (a forward
     # that takes **kwargs would otherwise make it expect num_items_in_batch to be used).
@@ -264,17 +246,26 @@ class OrchidPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: OrchidConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
-        # The settings this model is built from: see check_config_unchanged.
+        # The settings this model is built from: see check_config_describes_model.
         self.built_settings = {name: getattr(self.config, name) for name in BUILD_FIELDS}
 
-    def check_config_unchanged(self) -> None:
-        """A ValueError if a setting this model was built from has been edited on its config since.
+    def post_init(self):
+        super().post_init()
+        # Built under a half-precision default dtype (``from_config(config, dtype=torch.bfloat16)``), the modules that
+        # from_pretrained keeps in float32 have been created in half precision: cast them back, as loading does.
+        if torch.get_default_dtype() in (torch.float16, torch.bfloat16):
+            for name, module in self.named_modules():
+                if set(name.split(".")) & set(self._keep_in_fp32_modules_strict):
+                    module.float()
+
+    def check_config_describes_model(self) -> None:
+        """A ValueError if the config no longer describes this model: a setting the model was built from has been
+        edited since, or ``vocab_size`` or ``num_labels`` differ from the layers they size.
 
         The model in memory does not follow such an edit, but a copy saved and reloaded would be built from the edited
-        config: the two would differ. The forward passes and ``save_pretrained`` refuse to go on. ``vocab_size``
-        (which ``resize_token_embeddings`` changes with the embeddings) and ``num_labels`` are checked against the
-        layers themselves; the label names, ``problem_type``, ``pad_token_id`` and transformers' runtime switches
-        (``return_dict``, ``output_hidden_states``, ``use_cache``, the dtype, ...) stay free to edit.
+        config: the two would differ. ``save_pretrained`` refuses to write it. ``resize_token_embeddings`` changes
+        ``vocab_size`` with the embeddings; the label names, ``problem_type``, ``pad_token_id`` and transformers'
+        runtime switches (``return_dict``, ``output_hidden_states``, the dtype, ...) stay free to edit.
         """
         config = self.config
         for name, built in self.built_settings.items():
@@ -285,41 +276,52 @@ class OrchidPreTrainedModel(PreTrainedModel):
                     "built from cannot change afterwards (the model in memory would not follow it, a saved and "
                     "reloaded copy would). Build a new model from the edited config, or set the value back."
                 )
+        if not config.is_vision:
+            rows = self.get_input_embeddings().num_embeddings
+            if config.vocab_size != rows:
+                raise ValueError(
+                    f"config.vocab_size={config.vocab_size} but the word embeddings have {rows} rows; "
+                    "resize_token_embeddings changes both"
+                )
         # peft wraps the layer it trains whole (modules_to_save); the wrapper passes out_features on.
         outputs = None if self.num_labels_layer is None else getattr(self, self.num_labels_layer).out_features
-        if outputs is not None:
-            if config.num_labels != outputs:
-                raise ValueError(
-                    f"config.num_labels={config.num_labels} but the {self.num_labels_layer} has {outputs} outputs; "
-                    "build a new model with num_labels set (from_pretrained(..., num_labels=n, "
-                    "ignore_mismatched_sizes=True) for a checkpoint), or replace the layer as well"
-                )
+        if outputs is not None and config.num_labels != outputs:
+            raise ValueError(
+                f"config.num_labels={config.num_labels} but the {self.num_labels_layer} has {outputs} outputs; "
+                "build a new model with num_labels set (from_pretrained(..., num_labels=n, "
+                "ignore_mismatched_sizes=True) for a checkpoint), or replace the layer as well"
+            )
 
-    def save_pretrained(self, *args, **kwargs):
-        """``PreTrainedModel.save_pretrained``, refusing a config that no longer describes the model
-        (:meth:`check_config_unchanged`)."""
-        self.check_config_unchanged()
-        return super().save_pretrained(*args, **kwargs)
+    def get_position_embeddings(self) -> nn.Embedding:
+        return self.base_model.get_position_embeddings()
+
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        """:meth:`OrchidModel.resize_position_embeddings`: extend (or cut) the model's context."""
+        self.base_model.resize_position_embeddings(new_num_position_embeddings)
+        self.built_settings = {name: getattr(self.config, name) for name in BUILD_FIELDS}
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """``PreTrainedModel.from_pretrained``, refusing checkpoints that lack weights of the encoder itself.
+        """``PreTrainedModel.from_pretrained``; ``max_position_embeddings=N`` other than the checkpoint's extends (or
+        cuts) the loaded model's context to N tokens (:meth:`OrchidModel.resize_position_embeddings`)."""
+        positions = kwargs.pop("max_position_embeddings", None)
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        if positions is not None and positions != model.config.max_position_embeddings:
+            model.resize_position_embeddings(positions)
+        return loaded
 
-        A new task head may be initialised (an MLM checkpoint loaded into a classifier), but a missing encoder tensor
-        means a corrupt or mismatched checkpoint, and a half-loaded model would be silently wrong.
-        """
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        model, loading_info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        is_base_model = model.base_model is model
-        missing = sorted(
-            key for key in loading_info["missing_keys"] if is_base_model or key.startswith(f"{cls.base_model_prefix}.")
-        )
-        if missing:
+    def save_pretrained(self, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, refusing a config that no longer describes the model
+        (:meth:`check_config_describes_model`) and a copy made by ``optimize_for_inference``, whose folded filters
+        have no weights to save."""
+        if any(isinstance(module, FoldedFilter) for module in self.modules()):
             raise ValueError(
-                f"the checkpoint lacks {len(missing)} weight(s) of the Orchid encoder, e.g. {missing[:3]}; "
-                "it is truncated, corrupt or of another architecture"
+                "this copy was made by optimize_for_inference: its implicit filters are folded into buffers and have "
+                "no weights to save; save the model it was made from"
             )
-        return (model, loading_info) if output_loading_info else model
+        self.check_config_describes_model()
+        return super().save_pretrained(*args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -384,44 +386,42 @@ def check_ids(name: str, ids: torch.Tensor | None, shape: tuple[int, int], size:
         check_values((ids >= 0) & (ids < size), rule, lambda: f"{rule}, got {value_range(ids)}")
 
 
-# transformers' keyword arguments that ask an attention model for something an Orchid encoder has no part for: None
-# (or False) is accepted and means nothing here; anything else is a ValueError saying why.
+# transformers' keyword arguments that ask an attention model for something an Orchid encoder has no part for, and
+# would give a silently wrong result if ignored: None (or False) is accepted and means nothing here; anything else is a
+# ValueError saying why.
 UNSUPPORTED_KEYWORDS = {
+    "output_attentions": "Orchid has no attention maps (its sequence mixer is a long convolution); "
+    "output_hidden_states=True gives the hidden states of every layer",
     "head_mask": "Orchid has no attention heads to mask",
     "encoder_hidden_states": "Orchid is an encoder without cross-attention",
     "encoder_attention_mask": "Orchid is an encoder without cross-attention",
     "past_key_values": "Orchid is an encoder and keeps no cache",
     "cache": "Orchid is an encoder and keeps no cache",
-    "output_router_logits": "Orchid has no mixture of experts",
-    "is_causal": "Orchid is a bidirectional encoder",
-    "cu_seq_lens_q": "Orchid takes padded batches, not packed sequences",
-    "cu_seq_lens_k": "Orchid takes padded batches, not packed sequences",
-    "max_length_q": "Orchid takes padded batches, not packed sequences",
-    "max_length_k": "Orchid takes padded batches, not packed sequences",
-    "seq_idx": "Orchid takes padded batches, not packed sequences",
-    "num_items_in_batch": "Orchid's losses are means over the batch",
-    "interpolate_pos_encoding": "Orchid image models take images of config.image_size only",
+    "cu_seq_lens_q": "Orchid takes padded batches with an attention_mask, not sequences packed into one row",
+    "cu_seq_lens_k": "Orchid takes padded batches with an attention_mask, not sequences packed into one row",
+    "seq_idx": "Orchid takes padded batches with an attention_mask, not sequences packed into one row",
 }
-# Keyword arguments accepted with any value and ignored: an encoder has no cache to use.
-IGNORED_KEYWORDS = ("use_cache",)
 
 
-def check_forward_keywords(output_attentions: bool | None, kwargs: dict) -> None:
-    """The keyword arguments transformers and peft pass to a model's ``forward`` beyond its own: a ValueError where
-    one asks for what Orchid cannot give (``output_attentions=True``, a ``head_mask``, ...), a TypeError for a name
-    no model takes, as Python gives for any function. Every ``forward`` of the model family calls this."""
-    if output_attentions:
-        raise ValueError(
-            "output_attentions=True: Orchid has no attention maps (its sequence mixer is a long convolution); "
-            "output_hidden_states=True gives the hidden states of every layer"
-        )
+def check_keyword_arguments(kwargs: dict) -> None:
+    """transformers' keyword arguments are taken as BERT takes them (``**kwargs: Unpack[TransformersKwargs]``) and
+    ignored where they do not apply, except those that ask for what Orchid cannot give (``UNSUPPORTED_KEYWORDS``): a
+    ValueError when they are set. A keyword that is neither (a misspelt ``attention_maskk=``) is ignored, as BERT
+    ignores it, with a warning naming it once."""
     for name, value in kwargs.items():
-        if name in IGNORED_KEYWORDS:
-            continue
-        if name not in UNSUPPORTED_KEYWORDS:
-            raise TypeError(f"forward() got an unexpected keyword argument {name!r}")
-        if value is not None and value is not False:
-            raise ValueError(f"{name}: {UNSUPPORTED_KEYWORDS[name]}; pass None or leave it out")
+        if name in UNSUPPORTED_KEYWORDS and value is not None and value is not False:
+            given = f"{name}=True" if value is True else name
+            raise ValueError(f"{given}: {UNSUPPORTED_KEYWORDS[name]}; pass None or leave it out")
+    unknown = sorted(set(kwargs) - set(TransformersKwargs.__annotations__) - set(UNSUPPORTED_KEYWORDS) - {"use_cache"})
+    if unknown:
+        logger.warning_once(f"Orchid's forward ignores the keyword arguments {unknown}, which it does not take")
+
+
+def token_positions(real: torch.Tensor) -> torch.Tensor:
+    """The position of each token among the real tokens of its row, (B, L), from the mask ``real`` (B, L): 0, 1, ...
+    for the real tokens wherever the padding is; each padded position gets the count of real tokens before it."""
+    real = real.long()
+    return real.cumsum(dim=1) - real
 
 
 class OrchidModel(OrchidPreTrainedModel):
@@ -432,17 +432,59 @@ class OrchidModel(OrchidPreTrainedModel):
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        self.embeddings = OrchidPatchEmbeddings(config) if config.is_vision else OrchidEmbeddings(config)
+        self.is_vision = config.is_vision
+        self.transform_lengths = config.resolved_transform_lengths(config.max_sequence_length)
+        self.embeddings = OrchidPatchEmbeddings(config) if self.is_vision else OrchidEmbeddings(config)
         self.encoder = OrchidEncoder(config)
         self.post_init()
 
     def get_input_embeddings(self):
-        return self.embeddings.projection if self.config.is_vision else self.embeddings.word_embeddings
+        return self.embeddings.projection if self.is_vision else self.embeddings.word_embeddings
 
     def set_input_embeddings(self, value):
-        if self.config.is_vision:
+        if self.is_vision:
             raise ValueError("an image model has no word embeddings to set")
         self.embeddings.word_embeddings = value
+
+    def get_position_embeddings(self) -> nn.Embedding:
+        if self.is_vision:
+            raise ValueError("an image model's positions are fixed sin-cos embeddings of its patch grid")
+        return self.embeddings.position_embeddings
+
+    @torch.no_grad()
+    def resize_position_embeddings(self, new_num_position_embeddings: int) -> None:
+        """Take inputs up to ``new_num_position_embeddings`` tokens: the context extension of a text model.
+
+        The learned position embeddings are copied over the new positions, the old rows repeated as long-document
+        encoders extended BERT's (or cut, for fewer); every operator keeps the transform lengths it had and gains
+        the powers of two up to the new length (``transform_lengths``), and the implicit filters keep their lag scale
+        (``filter_lag_scale``), so that their kernel at every lag stays as it was. An input no longer than the old
+        length is therefore mixed exactly as before; longer ones see filters and positions that the model learns
+        to use by training at the new length."""
+        if self.is_vision:
+            raise ValueError("an image model's positions are fixed sin-cos embeddings of its patch grid (image_size, "
+                             "patch_size): it has no position embeddings to resize")
+        if not is_integer(new_num_position_embeddings) or new_num_position_embeddings < 1:
+            raise ValueError(
+                f"new_num_position_embeddings must be a positive integer, got {new_num_position_embeddings!r}"
+            )
+        old = self.embeddings.position_embeddings
+        rows = torch.arange(new_num_position_embeddings, device=old.weight.device) % old.num_embeddings
+        new = nn.Embedding(new_num_position_embeddings, old.embedding_dim, device=old.weight.device,
+                           dtype=old.weight.dtype)
+        new.weight.copy_(old.weight[rows])
+        self.embeddings.position_embeddings = new
+        lengths = None
+        for layer in self.encoder.layer:
+            layer.mixer.resize(new_num_position_embeddings)
+            lengths = layer.mixer.transform_lengths
+        config = self.config
+        config.filter_lag_scale = self.encoder.layer[0].mixer.static_filter.lag_scale
+        config.transform_lengths = list(lengths)
+        config.max_position_embeddings = new_num_position_embeddings
+        self.transform_lengths = lengths
+        for model in (self, *[m for m in self.modules() if isinstance(m, OrchidPreTrainedModel) and m is not self]):
+            model.built_settings = {name: getattr(config, name) for name in BUILD_FIELDS}
 
     @can_return_tuple
     def forward(
@@ -454,21 +496,18 @@ class OrchidModel(OrchidPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         r"""
         input_ids (`(batch, length)`), inputs_embeds (`(batch, length, hidden_size)`): text input, one of the two.
         attention_mask (`(batch, length)`): 1 for real tokens, 0 for padding (bool, integer or float). Padding never
-            changes the outputs at real positions, on either side: rows padded on the left are moved to the front
-            and back, and every Orchid operator sets padded positions to zero before mixing.
+            changes the outputs at real positions, on either side: the real tokens take positions 0, 1, ... wherever
+            the padding is, every Orchid operator mixes each row with its real tokens first, and padded positions are
+            set to zero before every mixing step.
         pixel_values (`(batch, num_channels, image_size, image_size)`): image input, for vision configs.
         output_hidden_states: also return the input of every layer and the final output.
-        output_attentions, return_dict and transformers' other keyword arguments: see ``check_forward_keywords``.
         """
-        check_forward_keywords(output_attentions, kwargs)
-        self.check_config_unchanged()
+        check_keyword_arguments(kwargs)
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         text_inputs = {
@@ -478,50 +517,50 @@ class OrchidModel(OrchidPreTrainedModel):
             "position_ids": position_ids,
             "inputs_embeds": inputs_embeds,
         }
-        if self.config.is_vision:
-            if pixel_values is None:
-                raise ValueError("this is an image model (config.image_size is set): pass pixel_values")
+        if self.is_vision:
             given = [name for name, value in text_inputs.items() if value is not None]
             if given:
                 raise ValueError(f"this is an image model (config.image_size is set): {given} do not apply to it")
-            return self.encoder(self.embeddings(pixel_values), None, output_hidden_states)
+            self._check_pixel_values(pixel_values)
+            hidden_states = self.embeddings(pixel_values)
+            layout = SequenceLayout.from_mask(None, self.transform_lengths, hidden_states.shape[1])
+            return self.encoder(hidden_states, layout, output_hidden_states)
         if pixel_values is not None:
             raise ValueError("this is a text model (config.image_size is not set): pixel_values do not apply to it")
         self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        order = front_packing_order(attention_mask)
-        if order is not None:
-            # Each row's real tokens first, so that they take positions 0, 1, ... and the transforms see them from
-            # the start, as with right padding; the outputs go back to the caller's order below.
-            input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask = (
-                None if tensor is None else gather_rows(tensor, order)
-                for tensor in (input_ids, inputs_embeds, token_type_ids, position_ids, attention_mask)
+        real = None if attention_mask is None else attention_mask.bool()
+        if real is not None and position_ids is None:
+            position_ids = token_positions(real)
+        mask = None if real is None else real.unsqueeze(-1)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, mask)
+        layout = SequenceLayout.from_mask(real, self.transform_lengths, hidden_states.shape[1])
+        return self.encoder(hidden_states, layout, output_hidden_states)
+
+    def _check_pixel_values(self, pixel_values: torch.Tensor | None) -> None:
+        embeddings = self.embeddings
+        expected = (embeddings.num_channels, embeddings.image_size, embeddings.image_size)
+        if pixel_values is None:
+            raise ValueError("this is an image model (config.image_size is set): pass pixel_values")
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
+            raise ValueError(
+                f"pixel_values must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
+                f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}"
             )
-        if inputs_embeds is not None and attention_mask is not None:
-            # Whatever a caller's embeddings hold at padded positions (NaN or inf included) stays out of the model:
-            # through the LayerNorms' gradients it would otherwise reach the weights.
-            inputs_embeds = inputs_embeds.masked_fill(~attention_mask.bool().unsqueeze(-1), 0.0)
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        outputs = self.encoder(hidden_states, attention_mask, output_hidden_states, rows_packed=True)
-        if order is None:
-            return outputs
-        return BaseModelOutput(
-            last_hidden_state=scatter_rows(outputs.last_hidden_state, order),
-            hidden_states=None
-            if outputs.hidden_states is None
-            else tuple(scatter_rows(states, order) for states in outputs.hidden_states),
-        )
+        if pixel_values.shape[0] == 0:
+            raise ValueError("pixel_values has batch size 0")
 
     def _check_text_input(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds) -> None:
-        config = self.config
+        embeddings = self.embeddings
+        width = embeddings.word_embeddings.embedding_dim
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is not None:
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
                 raise ValueError(
-                    f"inputs_embeds must have shape (batch, length, hidden_size={config.hidden_size}), got "
+                    f"inputs_embeds must have shape (batch, length, hidden_size={width}), got "
                     f"{tuple(inputs_embeds.shape)}"
                 )
-            expected = self.embeddings.word_embeddings.weight.dtype
+            expected = embeddings.word_embeddings.weight.dtype
             if inputs_embeds.dtype != expected:
                 raise ValueError(
                     f"inputs_embeds has dtype {inputs_embeds.dtype}, the model's embeddings are {expected}"
@@ -535,21 +574,15 @@ class OrchidModel(OrchidPreTrainedModel):
             raise ValueError(f"the input has batch size 0 (shape {shape})")
         if shape[1] == 0:
             raise ValueError("the input is an empty sequence (length 0)")
-        if shape[1] > config.max_position_embeddings:
-            raise ValueError(
-                f"the input has length {shape[1]} > max_position_embeddings={config.max_position_embeddings}"
-            )
-        rows = self.embeddings.word_embeddings.num_embeddings
-        if config.vocab_size != rows:
-            raise ValueError(
-                f"config.vocab_size={config.vocab_size} but the word embeddings have {rows} rows; "
-                "resize_token_embeddings changes both"
-            )
-        check_ids("input_ids", input_ids, shape, config.vocab_size, "vocab_size")
-        if token_type_ids is not None and config.type_vocab_size == 0:
+        positions = embeddings.position_embeddings.num_embeddings
+        if shape[1] > positions:
+            raise ValueError(f"the input has length {shape[1]} > max_position_embeddings={positions}")
+        check_ids("input_ids", input_ids, shape, embeddings.word_embeddings.num_embeddings, "vocab_size")
+        types = 0 if embeddings.token_type_embeddings is None else embeddings.token_type_embeddings.num_embeddings
+        if token_type_ids is not None and types == 0:
             raise ValueError("token_type_ids were given, but the model has no token types (type_vocab_size=0)")
-        check_ids("token_type_ids", token_type_ids, shape, config.type_vocab_size, "type_vocab_size")
-        check_ids("position_ids", position_ids, shape, config.max_position_embeddings, "max_position_embeddings")
+        check_ids("token_type_ids", token_type_ids, shape, types, "type_vocab_size")
+        check_ids("position_ids", position_ids, shape, positions, "max_position_embeddings")
         if attention_mask is not None:
             check_attention_mask(attention_mask, shape)
 
@@ -573,16 +606,17 @@ def check_classification_labels(
     count_name: str = "num_labels",
     name: str = "labels",
     ignore_index: int | None = -100,
-) -> None:
-    """A ValueError unless ``labels`` are integer class ids of ``shape`` (its axes named by ``axes``) in
-    ``[0, num_classes)``, or ``ignore_index`` (positions without a loss, as ``CrossEntropyLoss`` reads -100). The
-    message names the labels' range and ``count_name=num_classes``. Compiled, the range check is an assertion in the
-    graph (:func:`check_values`)."""
+) -> torch.Tensor:
+    """``labels`` as int64 class ids for ``CrossEntropyLoss``; a ValueError unless they are integer class ids (of any
+    integer dtype) of ``shape`` (its axes named by ``axes``) in ``[0, num_classes)``, or ``ignore_index`` (positions
+    without a loss, as ``CrossEntropyLoss`` reads -100). The message names the labels' range and
+    ``count_name=num_classes``. Compiled, the range check is an assertion in the graph (:func:`check_values`)."""
     check_label_shape(labels, shape, axes, name)
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+    if not is_integer_tensor(labels):
         raise ValueError(f"{name} must hold integer class ids, got {labels.dtype}")
+    labels = labels.long()
     if not labels.numel():
-        return
+        return labels
     valid = (labels >= 0) & (labels < num_classes)
     counted = torch.ones_like(valid)
     if ignore_index is not None:
@@ -592,15 +626,22 @@ def check_classification_labels(
     if ignore_index is not None:
         rule += f" or be {ignore_index} (no loss)"
     check_values(valid, rule, lambda: f"{rule}, got {value_range(labels[counted])}")
+    return labels
 
 
-def resolve_problem_type(config: OrchidConfig, labels: torch.Tensor) -> str:
+def is_integer_tensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds integers (any integer dtype, not bool)."""
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)
+
+
+def resolve_problem_type(config: OrchidConfig, num_labels: int, labels: torch.Tensor) -> str:
     """``config.problem_type``, inferred and set on first use as BertForSequenceClassification does: regression for
-    one label, single-label for integer labels, else multi-label. An unknown value is a ValueError."""
+    one label, single-label for integer labels (of any integer dtype), else multi-label. An unknown value is a
+    ValueError."""
     if config.problem_type is None:
-        if config.num_labels == 1:
+        if num_labels == 1:
             config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
+        elif is_integer_tensor(labels):
             config.problem_type = "single_label_classification"
         else:
             config.problem_type = "multi_label_classification"
@@ -613,8 +654,8 @@ def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torc
     """The loss of one prediction per example, ``logits`` (batch, num_labels), for ``config``'s problem type
     (:func:`resolve_problem_type`): MSE for regression, cross-entropy for single-label classes (-100: no loss),
     binary cross-entropy for multi-label targets in [0, 1]. Labels of another shape or range are a ValueError."""
-    problem_type = resolve_problem_type(config, labels)
     batch, num_labels = logits.shape
+    problem_type = resolve_problem_type(config, num_labels, labels)
     one_per_example = problem_type == "single_label_classification" or (
         problem_type == "regression" and num_labels == 1
     )
@@ -627,7 +668,7 @@ def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torc
         check_label_shape(labels, (batch, num_labels), "batch, num_labels")
         return MSELoss()(logits, labels.to(logits.dtype))
     if problem_type == "single_label_classification":
-        check_classification_labels(labels, (batch,), "batch,", num_labels)
+        labels = check_classification_labels(labels, (batch,), "batch,", num_labels)
         return CrossEntropyLoss()(logits, labels)
     check_label_shape(labels, (batch, num_labels), "batch, num_labels")
     rule = "multi-label targets must lie in [0, 1]"
@@ -640,7 +681,7 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ``CrossEntropyLoss()`` over all positions gives it, value and gradients alike. The log-softmax runs over the
     labelled positions only: over the others it would be computed and then ignored, and under 15% masking they are
     most of the positions."""
-    check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1], "vocab_size")
+    labels = check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1], "vocab_size")
     loss_fct = CrossEntropyLoss()
     labels = labels.reshape(-1)
     labelled = labels != loss_fct.ignore_index
@@ -688,10 +729,7 @@ class OrchidForMaskedLM(OrchidPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         r"""labels (`(batch, length)`): token ids to predict; -100 marks positions without a loss."""
         outputs = self.orchid(
@@ -700,8 +738,6 @@ class OrchidForMaskedLM(OrchidPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
             return_dict=True,
             **kwargs,
         )
@@ -760,21 +796,15 @@ class OrchidForSequenceClassification(OrchidPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         r"""labels (`(batch,)`): class ids, float targets for regression (num_labels = 1), or multi-hot floats."""
-        self.check_config_unchanged()
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
             return_dict=True,
             **kwargs,
         )
@@ -808,28 +838,22 @@ class OrchidForTokenClassification(OrchidPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         r"""labels (`(batch, length)`): a class id per token; -100 marks positions without a loss."""
-        self.check_config_unchanged()
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
             return_dict=True,
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1])
+            labels = check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1])
             loss = CrossEntropyLoss()(logits.view(-1, logits.shape[-1]), labels.view(-1))
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
@@ -855,17 +879,11 @@ class OrchidForImageClassification(OrchidPreTrainedModel):
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> ImageClassifierOutput:
         r"""labels (`(batch,)`): class ids (or multi-hot floats for multi-label problems)."""
-        self.check_config_unchanged()
         outputs = self.orchid(
             pixel_values=pixel_values,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
             return_dict=True,
             **kwargs,
         )
@@ -901,9 +919,9 @@ def span_loss(
             tensor = tensor.squeeze(-1)
         if tuple(tensor.shape) != (batch,):
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected (batch,) = ({batch},)")
-        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        if not is_integer_tensor(tensor):
             raise ValueError(f"{name} must hold integer positions, got {tensor.dtype}")
-        positions.append(tensor.clamp(0, length))
+        positions.append(tensor.long().clamp(0, length))
     loss_fct = CrossEntropyLoss(ignore_index=length)
     return (loss_fct(start_logits, positions[0]) + loss_fct(end_logits, positions[1])) / 2
 
@@ -931,22 +949,16 @@ class OrchidForQuestionAnswering(OrchidPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> QuestionAnsweringModelOutput:
         r"""start_positions, end_positions (`(batch,)`): the answer's first and last token. Positions past the
         input are clamped to its length and ignored in the loss, as in BERT."""
-        self.check_config_unchanged()
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
             return_dict=True,
             **kwargs,
         )
@@ -994,15 +1006,11 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MultipleChoiceModelOutput:
         r"""input_ids, attention_mask, token_type_ids, position_ids (`(batch, num_choices, length)`), inputs_embeds
         (`(batch, num_choices, length, hidden_size)`): every choice as one sequence.
         labels (`(batch,)`): the index of the right choice, in [0, num_choices)."""
-        self.check_config_unchanged()
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         batch, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
@@ -1013,8 +1021,6 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
             token_type_ids=flatten_choices("token_type_ids", token_type_ids, 3),
             position_ids=flatten_choices("position_ids", position_ids, 3),
             inputs_embeds=flatten_choices("inputs_embeds", inputs_embeds, 4),
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
             return_dict=True,
             **kwargs,
         )
@@ -1022,7 +1028,7 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
         logits = self.classifier(self.dropout(pooled)).view(batch, num_choices)
         loss = None
         if labels is not None:
-            check_classification_labels(labels, (batch,), "batch,", num_choices, "num_choices")
+            labels = check_classification_labels(labels, (batch,), "batch,", num_choices, "num_choices")
             loss = CrossEntropyLoss()(logits, labels)
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 

@@ -2,7 +2,7 @@
 NeurIPS 2024), in the order of the paper: the short convolution, the static implicit filter (Remark 3.2), the
 conditioning network (Sec. 3.2, Eq. 2-4), the operator (Sec. 3.3 and Listing 1), and the block-diagonal linear layer
 of the MLPs. Section and equation numbers refer to that paper. The operations these modules call (transforms,
-convolutions, masks, recomputation in backward) are in ``orchid_ops.py``.
+convolutions, masks) are in ``orchid_ops.py``.
 
 Every module here is plain PyTorch: each projection and convolution is a module that is called, and nothing derived
 from a parameter outlives a call, so hooks, peft, quantisation, pruning, fused optimizers and ``.data`` edits see the
@@ -25,18 +25,18 @@ from torch import nn
 
 from .orchid_ops import (
     ALL_CHANNELS,
+    SequenceLayout,
+    channel_blocks,
     dct,
     forward_transform,
-    front_packing_order,
-    gate_channels,
     gated_long_convolution,
-    gather_rows,
-    in_channel_groups,
+    is_traced,
     kernel_spectrum,
     long_convolution,
     masked,
-    scatter_rows,
+    of_channels,
     short_convolution,
+    zero_padded,
 )
 
 TRANSFORMS = ("dct", "fft")
@@ -108,14 +108,12 @@ class ShortConvolution(nn.Module):
         bound = 1 / math.sqrt(self.kernel_size)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(
-        self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS):
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
         transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
-        of the layer's channels x holds (the operator mixes long inputs a group of channels at a time)."""
+        of the module's channels x holds (the operator mixes long inputs a block of channels at a time)."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight, bias = self.weight[channels].to(x.dtype), self.bias[channels].to(x.dtype)
+        weight, bias = of_channels(self.weight, channels, 0).to(x.dtype), of_channels(self.bias, channels).to(x.dtype)
         return short_convolution(x, weight, bias, self.circular and wrap)
 
     def extra_repr(self) -> str:
@@ -130,11 +128,9 @@ class ShortConvolutionStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ShortConvolution(channels, kernel_size, circular) for _ in range(depth))
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(masked(x, mask), wrap, channels)
+            x = layer(masked(x, mask), wrap)
         return masked(x, mask)
 
 
@@ -163,9 +159,11 @@ def kernel_lags(n: int, layout: str) -> torch.Tensor:
     return torch.where(index <= n // 2, index, index - n)
 
 
-def lag_embedding(n: int, emb_dim: int, layout: str) -> torch.Tensor:
-    """PosEmb(t) of Remark 3.2: the lag over n and ``(emb_dim - 1) / 2`` sinusoid pairs, shape (n, emb_dim)."""
-    t = (kernel_lags(n, layout) / max(n, 1)).unsqueeze(-1)  # in [-1/2, 1/2] (FFT layout) or [0, 1) (DCT layout)
+def lag_embedding(n: int, emb_dim: int, layout: str, scale: int | None = None) -> torch.Tensor:
+    """PosEmb(t) of Remark 3.2: the lag over ``scale`` (default n) and ``(emb_dim - 1) / 2`` sinusoid pairs, shape
+    (n, emb_dim)."""
+    scale = n if scale is None else scale
+    t = (kernel_lags(n, layout) / max(scale, 1)).unsqueeze(-1)  # in [-1/2, 1/2] (FFT) or [0, 1) (DCT) at n = scale
     bands = (emb_dim - 1) // 2
     # Built on the CPU explicitly: transformers may construct the model under a meta-device context.
     frequencies = torch.linspace(1e-4, bands - 1, bands, dtype=torch.float32, device="cpu").unsqueeze(0)
@@ -207,6 +205,11 @@ class ImplicitFilter(DerivedBuffers):
     signed and circular, under the DCT they are 0 .. N-1 of an even kernel (:func:`kernel_lags`). ``skip`` is Hyena's
     ``D`` term, ``y += D * x``, whose multiplier is the constant D under both transforms.
 
+    The filter serves every transform length up to ``length``: at a shorter one, n, its kernel lies on the lags of a
+    length-n transform, with t measured in units of ``lag_scale`` lags (default ``length``), so that the kernel at a
+    given lag, and its decay, are the same at every transform length. A model whose context is extended keeps its
+    ``lag_scale``.
+
     ``spectrum="listing1"`` takes ``dct(h0)`` as the multiplier under the DCT instead, as the paper's Listing 1 and
     the authors' code do, with h0 on the same lags 0 .. N-1 and its decay falling along them, as the authors lay it
     out. That is not the spectrum of a convolution with h0 (an impulse multiplies frequency k by
@@ -228,10 +231,12 @@ class ImplicitFilter(DerivedBuffers):
         fast_decay_pct: float = 0.3,
         slow_decay_pct: float = 1.5,
         decay_target: float = 1e-2,
+        lag_scale: int | None = None,
     ):
         super().__init__()
         self.channels = channels
         self.length = length
+        self.lag_scale = length if lag_scale is None else lag_scale
         self.transform = transform
         self.listing1 = transform == "dct" and spectrum == "listing1"
         self.emb_dim = emb_dim
@@ -253,46 +258,97 @@ class ImplicitFilter(DerivedBuffers):
         return {"lag_features": self.make_lag_features(), **self.make_decay_factors()}
 
     def make_lag_features(self) -> torch.Tensor:
-        return lag_embedding(self.length, self.emb_dim, self.transform)
+        return lag_embedding(self.length, self.emb_dim, self.transform, self.lag_scale)
 
     def make_decay_factors(self) -> dict[str, torch.Tensor]:
-        """The factors of :meth:`envelope`: |t| over the kernel length, (length, 1), so that the decay profile does
-        not depend on max_len, and the rate of each channel, (channels,), all 0 without decay."""
-        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1) / max(self.length, 1)
+        """The factors of :meth:`envelope`: |t|, the lag over ``lag_scale``, (length, 1), and the rate of each channel,
+        (channels,), all 0 without decay."""
+        lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1) / max(self.lag_scale, 1)
         if not self.decay:
             return {"decay_lags": lags, "channel_rates": torch.zeros(self.channels, dtype=torch.float32, device="cpu")}
         rates = torch.linspace(*self.decay_rates, self.channels, dtype=torch.float32, device="cpu")
         return {"decay_lags": lags, "channel_rates": rates}
 
-    def envelope(self, channels: slice = ALL_CHANNELS) -> torch.Tensor:
-        """``exp(-|t| * rate_c)`` for ``channels``, (length, channels), in float32."""
-        return torch.exp(-self.decay_lags * self.channel_rates[channels])
+    def resize(self, length: int) -> None:
+        """Serve transform lengths up to ``length``, keeping ``lag_scale``: the kernel at every lag stays as it was."""
+        self.length = length
+        self.reset_derived_buffers()
 
-    def forward(self) -> torch.Tensor:
-        """The kernel h0 in the time domain, (length, channels), in the filter's dtype."""
-        return self.lag_response() * self.envelope().to(self.skip.dtype)
+    def lags_of(self, buffer: torch.Tensor, n: int | None) -> torch.Tensor:
+        """The rows of ``buffer``, laid out on the lags of a length-``length`` kernel, that a length-``n`` kernel has
+        (:func:`kernel_lags`): its first n under the DCT; under the FFT, lags 0 .. n/2 and the negative lags of n."""
+        if n is None or n == self.length:
+            return buffer
+        if self.transform == "dct":
+            return buffer[:n]
+        return torch.cat([buffer[: n // 2 + 1], buffer[self.length - (n - 1 - n // 2) :]])
 
-    def lag_response(self) -> torch.Tensor:
-        """FFN(PosEmb(t)), (length, channels): the kernel before its decay, from one call of the FFN."""
+    def envelope(self, n: int | None = None, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+        """``exp(-|t| * rate_c)`` on the lags of a length-``n`` kernel (default ``length``), (n, channels), float32."""
+        return torch.exp(-self.lags_of(self.decay_lags, n) * of_channels(self.channel_rates, channels))
+
+    def forward(
+        self, n: int | None = None, channels: slice = ALL_CHANNELS, response: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The kernel h0 in the time domain for transform length ``n`` (default ``length``), (n, channels), in the
+        filter's dtype; of ``channels`` only if given, from ``response`` (:meth:`lag_response`, all channels) where
+        the caller has computed it."""
+        response = self.lag_response(n) if response is None else response
+        return of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)
+
+    def lag_response(self, n: int | None = None) -> torch.Tensor:
+        """FFN(PosEmb(t)), (n, channels): the kernel before its decay, from one call of the FFN."""
         # The skip parameter tells the filter's dtype; the constant features follow it.
-        return self.ffn(self.lag_features.to(self.skip.dtype))
+        return self.ffn(self.lags_of(self.lag_features, n).to(self.skip.dtype))
 
     def spectrum(
-        self, dtype: torch.dtype, response: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
+        self,
+        dtype: torch.dtype,
+        n: int | None = None,
+        channels: slice = ALL_CHANNELS,
+        response: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The multiplier of ``h0 * x + skip * x`` for ``channels`` in ``dtype``: (length, channels) under the DCT,
-        (length // 2 + 1, channels) under the FFT. ``response`` is :meth:`lag_response` of these channels, which the
-        operator computes once for all its channel groups without autograd; None computes it here."""
-        response = self.lag_response()[:, channels] if response is None else response
-        kernel = (response * self.envelope(channels).to(response.dtype)).to(dtype)
-        if self.listing1:
-            multiplier = dct(kernel, dim=0)
-        else:
-            multiplier = kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + self.skip[channels].to(dtype)
+        """The multiplier of ``h0 * x + skip * x`` in ``dtype`` for transform length ``n`` (default ``length``): (n,
+        channels) under the DCT, (n // 2 + 1, channels) under the FFT; of ``channels`` only if given. ``response`` is
+        :meth:`lag_response` for all channels where the caller has computed it (the operator computes it once for all
+        its channel blocks)."""
+        kernel = self(n, channels, response).to(dtype)
+        multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
+        return multiplier + of_channels(self.skip, channels).to(dtype)
 
     def extra_repr(self) -> str:
-        return f"channels={self.channels}, length={self.length}, transform={self.transform!r}"
+        scale = "" if self.lag_scale == self.length else f", lag_scale={self.lag_scale}"
+        return f"channels={self.channels}, length={self.length}, transform={self.transform!r}{scale}"
+
+
+class FoldedFilter(nn.Module):
+    """An implicit filter folded into the multiplier it computes, for inference (``optimize_for_inference``): the
+    multiplier is a buffer computed once, where the filter would run its network on every call. It has no parameters,
+    so nothing is left that an edit of the model could make stale; a model holding one cannot be saved
+    (``save_pretrained`` refuses it), since its checkpoint would lack the filter's network."""
+
+    def __init__(self, implicit_filter: ImplicitFilter, lengths: tuple[int, ...] | None = None):
+        super().__init__()
+        self.length = implicit_filter.length
+        self.lengths = (implicit_filter.length,) if lengths is None else tuple(lengths)
+        dtype = torch.promote_types(implicit_filter.skip.dtype, torch.float32)
+        with torch.no_grad():
+            for n in self.lengths:
+                self.register_buffer(f"multiplier_{n}", implicit_filter.spectrum(dtype, n), persistent=False)
+
+    def lag_response(self, n: int | None = None) -> None:
+        """Nothing to compute once per call: the multiplier is folded."""
+        return None
+
+    def spectrum(
+        self, dtype: torch.dtype, n: int | None = None, channels: slice = ALL_CHANNELS, response: None = None
+    ) -> torch.Tensor:
+        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest) and
+        ``channels``, as computed when the filter was folded (complex under the FFT)."""
+        multiplier = of_channels(getattr(self, f"multiplier_{self.length if n is None else n}"), channels)
+        if multiplier.is_complex():
+            dtype = torch.promote_types(dtype, torch.complex64)
+        return multiplier.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,26 +402,22 @@ class ConditioningNetwork(nn.Module):
             self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
         self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers)
 
-    def forward(
-        self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None, channels: slice = ALL_CHANNELS
-    ) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
-        for the DCT, (B, n // 2 + 1, C) complex for the FFT. Each channel is independent: ``channels`` says which of
-        the network's channels u holds."""
+        for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
-        key = forward_transform(self.time_conv(u, mask, wrap, channels), self.transform, n)
+        key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
         if self.conditioning == "abs":
-            return self.frequency_convolution(key.abs(), channels)
-        query = forward_transform(self.query_conv(u, mask, wrap, channels), self.transform, n)
-        return self.frequency_convolution(cross_spectrum(key, query, self.activation), channels)
+            return self.frequency_convolution(key.abs())
+        query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
+        return self.frequency_convolution(cross_spectrum(key, query, self.activation))
 
-    def frequency_convolution(self, spectrum: torch.Tensor, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+    def frequency_convolution(self, spectrum: torch.Tensor) -> torch.Tensor:
         """Conv1d_freq: a real convolution over frequency, on the real and imaginary parts alike of a complex
         spectrum."""
         if torch.is_complex(spectrum):
-            real = self.freq_conv(spectrum.real, channels=channels)
-            return torch.complex(real, self.freq_conv(spectrum.imag, channels=channels))
-        return self.freq_conv(spectrum, channels=channels)
+            return torch.complex(self.freq_conv(spectrum.real), self.freq_conv(spectrum.imag))
+        return self.freq_conv(spectrum)
 
 
 def cross_spectrum(key: torch.Tensor, query: torch.Tensor, activation: str) -> torch.Tensor:
@@ -398,6 +450,13 @@ class OperatorSettings:
     filter_spectrum: under the DCT, ``"listing1"`` multiplies by ``dct(h0)`` as Listing 1 does; ``"convolution"`` by
         the spectrum of a symmetric convolution with h0 (docs/model.md).
     residual_long_conv: add a second static long convolution of the block input (App. C.3).
+    transform_lengths: the transform lengths a sequence may be mixed at, ascending, the longest the operator's
+        ``max_len``: each sequence takes the shortest that holds its real tokens. None: the powers of two from
+        ``MIN_TRANSFORM_LENGTH`` below ``max_len``, then ``max_len`` (:func:`default_transform_lengths`); a config saved
+        before the field existed reads as ``[max_len]``, the one length such models were trained at.
+    filter_lag_scale: the lags over which the implicit filters' positional features and decay run from 0 to 1 (t =
+        lag / filter_lag_scale); None: ``max_len``. A model whose context is extended keeps its earlier value, so that
+        its kernels stay what they were at every lag.
     """
 
     transform: str = "dct"
@@ -416,6 +475,8 @@ class OperatorSettings:
     filter_decay: bool = True
     filter_spectrum: str = "listing1"
     residual_long_conv: bool = True
+    transform_lengths: list[int] | None = None
+    filter_lag_scale: int | None = None
 
     def check_settings(self, owner: str = "OrchidOperator") -> None:
         """A ValueError naming the first setting that is out of range, and its value."""
@@ -451,6 +512,47 @@ class OperatorSettings:
                 f"{owner}.conditioning_time_layers and conditioning_freq_layers are both 0; the conditioning network "
                 "needs at least one convolution (or set data_dependent=False)"
             )
+        scale = self.filter_lag_scale
+        if scale is not None and (not is_integer(scale) or scale < 1):
+            raise ValueError(f"{owner}.filter_lag_scale must be a positive integer or None, got {scale!r}")
+
+    def resolved_transform_lengths(self, max_len: int, owner: str = "OrchidOperator") -> tuple[int, ...]:
+        """``transform_lengths`` for an operator of ``max_len``, or the default; a ValueError naming the field unless
+        they are positive integers, ascending, the longest ``max_len`` (``max_len`` names what sets it)."""
+        lengths = self.transform_lengths
+        if lengths is None:
+            return default_transform_lengths(max_len)
+        valid = isinstance(lengths, (list, tuple)) and len(lengths) > 0 and all(is_integer(n) for n in lengths)
+        if not valid or any(n < 1 for n in lengths) or any(a >= b for a, b in zip(lengths, lengths[1:])):
+            raise ValueError(
+                f"{owner}.transform_lengths must be positive integers in ascending order (or None), got {lengths!r}"
+            )
+        if lengths[-1] != max_len:
+            raise ValueError(f"{owner}.transform_lengths must end at the longest input, {max_len}, got {lengths!r}")
+        return tuple(lengths)
+
+
+# The shortest transform length of the default ladder (default_transform_lengths): below it a transform costs about
+# the same whatever its length, and fewer lengths mean fewer groups of rows to mix apart.
+MIN_TRANSFORM_LENGTH = 128
+
+
+def default_transform_lengths(max_len: int) -> tuple[int, ...]:
+    """The powers of two from ``MIN_TRANSFORM_LENGTH`` below ``max_len``, then ``max_len``."""
+    return extended_transform_lengths((), max_len)
+
+
+def extended_transform_lengths(lengths: tuple[int, ...], max_len: int) -> tuple[int, ...]:
+    """``lengths`` for a new longest input ``max_len``: those below it, then the powers of two from
+    ``MIN_TRANSFORM_LENGTH`` above the longest kept and below ``max_len``, then ``max_len``. A model whose context is
+    extended keeps every transform length it had, so that its shorter inputs are mixed as they were."""
+    kept = [n for n in lengths if n < max_len]
+    n = MIN_TRANSFORM_LENGTH
+    while n < max_len:
+        if not kept or n > kept[-1]:
+            kept.append(n)
+        n *= 2
+    return (*kept, max_len)
 
 
 def is_integer(value) -> bool:
@@ -469,11 +571,12 @@ class OrchidOperator(nn.Module):
        the real FFT (exact circular convolution).
     4. A residual long convolution of the block input with a second static filter (App. C.3, from M2-BERT).
 
-    The transform length N is ``max_len`` whatever the input length: shorter inputs are zero-padded, and positions
-    where ``attention_mask`` is 0 are set to zero before every sequence-mixing step, so that a sequence's output does
-    not depend on the padding of its batch. Rows padded on the left are moved to the front and back
-    (:func:`front_packing_order`). Transforms run in float32 at least, also under autocast and in bf16 models:
-    ``torch.fft`` has no bfloat16.
+    Each sequence is mixed at the shortest of ``transform_lengths`` that holds its real tokens (the transform length
+    N), zero-padded to it, so that its cost follows its own length; rows of a batch that need different lengths are
+    mixed apart, in groups (:class:`SequenceLayout`). Positions where ``attention_mask`` is 0 are set to zero before
+    every sequence-mixing step, and rows padded on the left are mixed with their real tokens moved to the front, so
+    that a sequence's output does not depend on the padding of its batch, nor on the other sequences in it.
+    Transforms run in float32 at least, also under autocast and in bf16 models: ``torch.fft`` has no bfloat16.
     """
 
     def __init__(self, d_model: int, max_len: int, bias: bool = True, **settings):
@@ -495,6 +598,7 @@ class OrchidOperator(nn.Module):
             raise ValueError(f"OrchidOperator.short_conv_size={s.short_conv_size} is longer than max_len={max_len}")
         self.d_model = d_model
         self.max_len = max_len
+        self.transform_lengths = s.resolved_transform_lengths(max_len)
         self.transform = s.transform
 
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
@@ -507,6 +611,7 @@ class OrchidOperator(nn.Module):
             sin_frequency=s.filter_sin_frequency,
             decay=s.filter_decay,
             spectrum=s.filter_spectrum,
+            lag_scale=s.filter_lag_scale,
         )
         self.static_filter = ImplicitFilter(d_model, max_len, **filter_settings)
         self.conditioning = None
@@ -524,6 +629,21 @@ class OrchidOperator(nn.Module):
         self.residual_filter = ImplicitFilter(d_model, max_len, **filter_settings) if s.residual_long_conv else None
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
+    def resize(self, max_len: int, transform_lengths: tuple[int, ...] | None = None) -> None:
+        """Take inputs up to ``max_len`` (longer or shorter) at ``transform_lengths`` (default: the present ones
+        extended, :func:`extended_transform_lengths`), keeping the filters' lag scale: a sequence mixed at a transform
+        length the operator had before gives the output it gave."""
+        lengths = extended_transform_lengths(self.transform_lengths, max_len) if transform_lengths is None else (
+            tuple(transform_lengths)
+        )
+        self.settings.filter_lag_scale = self.static_filter.lag_scale
+        self.settings.transform_lengths = list(lengths)
+        self.transform_lengths = self.settings.resolved_transform_lengths(max_len)
+        self.max_len = max_len
+        for long_filter in (self.static_filter, self.residual_filter):
+            if long_filter is not None:
+                long_filter.resize(max_len)
+
     @classmethod
     def from_config(cls, config) -> OrchidOperator:
         """The sequence mixer of one layer of a model: width ``hidden_size``, transform length
@@ -537,91 +657,135 @@ class OrchidOperator(nn.Module):
         attention_mask: torch.Tensor | None = None,
         conditioning_input: torch.Tensor | None = None,
         conditioning_mask: torch.Tensor | None = None,
-        rows_packed: bool = False,
+        layout: SequenceLayout | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d), 1 <= L <= max_len; attention_mask: (B, L), 1 for real tokens and 0 for padding; returns
         (B, L, d).
 
         ``conditioning_input`` u (B, L_u, d), L_u <= max_len, makes the kernel h_theta(u) instead of h_theta(v)
-        (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions.
-        ``rows_packed=True`` says that every row of x already has its real tokens first (``OrchidModel`` packs the rows
-        once per call, for all its layers), so the operator does not look for rows to pack.
+        (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions. A row is then mixed at the transform
+        length that holds both its sequence and its u.
+
+        ``layout`` is where the real tokens of x are and the transform length of each row (:class:`SequenceLayout`),
+        as ``OrchidModel`` passes it to every layer: the model checks its inputs and computes the layout once per
+        call, and the operator then reads neither ``attention_mask`` nor anything else of its inputs' values. Without
+        it, the operator checks its inputs and computes the layout itself.
         """
-        self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
-        order = None if rows_packed else front_packing_order(attention_mask)
-        if order is not None:
-            x, attention_mask = gather_rows(x, order), gather_rows(attention_mask, order)
-        y = self._mix(x, attention_mask, conditioning_input, conditioning_mask)
-        return y if order is None else scatter_rows(y, order)
+        if layout is None:
+            self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
+            layout = self.layout(x, attention_mask, conditioning_input, conditioning_mask)
+        y = self._mix(layout.pack(x), layout, conditioning_input, conditioning_mask)
+        return layout.unpack(y)
+
+    def layout(self, x, attention_mask, conditioning_input=None, conditioning_mask=None) -> SequenceLayout:
+        """The layout of x's rows (:class:`SequenceLayout`); with a conditioning sequence, each row at the transform
+        length that holds the longer of its two sequences."""
+        layout = SequenceLayout.from_mask(attention_mask, self.transform_lengths, x.shape[1])
+        if conditioning_input is None:
+            return layout
+        counts = [
+            torch.full(tensor.shape[:1], tensor.shape[1], device=x.device) if mask is None else mask.bool().sum(1)
+            for tensor, mask in ((x, attention_mask), (conditioning_input, conditioning_mask))
+        ]
+        width = max(x.shape[1], conditioning_input.shape[1])
+        longer = torch.arange(width, device=x.device) < torch.maximum(*counts).unsqueeze(1)
+        groups = SequenceLayout.from_mask(longer, self.transform_lengths).groups
+        return SequenceLayout(layout.mask, layout.order, groups)
 
     def _mix(
         self,
         x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        layout: SequenceLayout,
         conditioning_input: torch.Tensor | None,
         conditioning_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Listing 1 on rows whose real tokens come first: the projections here, the rest per channel."""
-        mask = None if attention_mask is None else attention_mask.bool().unsqueeze(-1)  # (B, L, 1)
+        """Listing 1 on rows whose real tokens come first, ``layout.mask`` (B, L, 1) marking them: the two
+        projections here, and between them, for each group of rows at its transform length, the convolutions
+        (:meth:`_convolve`)."""
+        mask, length = layout.mask, x.shape[1]
         # Padded positions are cleared first: a NaN there would otherwise reach the weights' gradients through in_proj.
         x = masked(x, mask)
         projected = masked(self.in_proj(x), mask)  # s1, s2 and v before the short convolution
         source, source_mask = projected[..., 2 * self.d_model :], mask  # h_theta reads v (Listing 1)
         if conditioning_input is not None:  # or another sequence (Remark 3.3)
             source, source_mask = self._project_value(conditioning_input, conditioning_mask)
-        static = residual = None  # under autograd, computed in the recomputed step: backward keeps neither
-        if not torch.is_grad_enabled():  # computed once for all channel groups
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                static = self.static_filter.lag_response()
-                residual = None if self.residual_filter is None else self.residual_filter.lag_response()
-        channel_inputs = {
-            "x": x,
-            "gates": projected.unflatten(-1, (3, self.d_model)),
-            "source": None if self.conditioning is None else source,
-            "static": static,
-            "residual": residual,
-        }
-        y = in_channel_groups(
-            self._mix_channels,
-            channel_inputs,
-            {"mask": mask, "source_mask": source_mask},
-            tokens=x.shape[0] * self.max_len,
-            recomputed_modules=(self.short_conv, self.conditioning, self.static_filter, self.residual_filter),
-        )
+        inputs = {"x": x, "projected": projected, "mask": mask, "source": source, "source_mask": source_mask}
+        if layout.padded_length is not None:  # traced: every group's shapes fixed (see SequenceLayout)
+            if mask is None:
+                inputs["mask"] = torch.ones(*x.shape[:2], 1, dtype=torch.bool, device=x.device)
+                inputs["source_mask"] = inputs["source_mask"] if conditioning_input is not None else inputs["mask"]
+            inputs = {name: None if value is None else zero_padded(value, 1, layout.padded_length)
+                      for name, value in inputs.items()}
+        y = None
+        for group in layout.groups:
+            part = self._convolve(group.n, **{name: group.take(value) for name, value in inputs.items()})
+            part = zero_padded(part, 1, inputs["x"].shape[1])
+            if group.rows is not None:
+                part = x.new_zeros(x.shape[0], *part.shape[1:]).index_copy(0, group.rows, part)
+            if group.select is not None:
+                part = part.masked_fill(~group.select.view(-1, 1, 1), 0.0)
+            y = part if y is None else y + part
+        if layout.padded_length is not None:
+            # Back to the input's length by a gather: a cut (a view) of a symbolic length would tie an exported graph
+            # to one side of length < padded_length.
+            y = y.index_select(1, torch.arange(length, device=y.device))
         return self.out_proj(y)
 
-    def _mix_channels(self, channels, x, gates, source, static, residual, mask, source_mask) -> torch.Tensor:
-        """Listing 1 between the projections, for ``channels`` (the inputs hold those channels only): the short
-        convolution, the kernel h = h0 + h_theta(v) in the transform domain, ``y = s2 * (h * (s1 * v))``, and the
-        residual long convolution of the block input (App. C.3)."""
-        n = self.max_len
-        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
-        gated = self.short_conv(gates.flatten(-2), wrap, gate_channels(channels, self.d_model, x.device))
-        s1, s2, v = gated.chunk(3, dim=-1)
+    def _convolve(self, n, x, projected, mask, source, source_mask) -> torch.Tensor:
+        """Between the projections, at transform length n: the short convolution, the kernel h = h0 + h_theta(v) in
+        the transform domain, ``y = s2 * (h * (s1 * v))``, and the residual long convolution of the block input
+        (App. C.3). Without autograd, a long input a block of channels at a time (:func:`channel_blocks`)."""
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            kernel = self.static_filter.spectrum(dtype, static, channels)
-            if self.conditioning is not None:
-                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask, channels)
-            y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-            if self.residual_filter is not None:
-                multiplier = self.residual_filter.spectrum(dtype, residual, channels)
-                y = y + long_convolution(x.to(dtype), multiplier, self.transform, n)
+            # The filters' networks and the conditioning network run once on all channels (a replaced conditioning
+            # module may mix channels); each channel block takes its channels of what they give.
+            static = self.static_filter.lag_response(n)
+            residual = None if self.residual_filter is None else self.residual_filter.lag_response(n)
+            conditioned = None if self.conditioning is None else self.conditioning(source.to(dtype), n, source_mask)
+            blocks = [ALL_CHANNELS]
+            if not (torch.is_grad_enabled() or is_traced()):
+                blocks = channel_blocks(self.d_model, x.shape[0] * n)
+            # s1, s2 and v of each block, side by side: one pass over in_proj's output (B, L, 3 * d_model).
+            gates = [projected] if len(blocks) == 1 else [
+                part.flatten(-2) for part in projected.unflatten(-1, (3, self.d_model)).split(
+                    [block.stop - block.start for block in blocks], dim=-1)
+            ]
+            inputs = (n, x, mask, conditioned, static, residual, dtype)
+            parts = [self._convolve_channels(block, gate, *inputs) for block, gate in zip(blocks, gates)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return masked(y, mask).to(x.dtype)
+
+    def _convolve_channels(
+        self, channels, gates, n, x, mask, conditioned, static, residual, dtype
+    ) -> torch.Tensor:
+        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``conditioned``
+        (h_theta's spectrum) and ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all
+        channels."""
+        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
+        weights = ALL_CHANNELS
+        if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
+            index = torch.arange(channels.start, channels.stop, device=x.device)
+            weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
+        s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
+        kernel = self.static_filter.spectrum(dtype, n, channels, static)
+        if conditioned is not None:
+            kernel = kernel + of_channels(conditioned, channels)
+        y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
+        if self.residual_filter is not None:
+            multiplier = self.residual_filter.spectrum(dtype, n, channels, residual)
+            y = y + long_convolution(of_channels(x, channels).to(dtype), multiplier, self.transform, n)
+        return y
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The cross-conditioning sequence u projected like v (Remark 3.3), zero-padded to the transform length,
-        which Remark 3.3 reads as interpolation in frequency; and its mask (B, L_u, 1)."""
-        order = front_packing_order(conditioning_mask)
-        if order is not None:
-            conditioning_input = gather_rows(conditioning_input, order)
-            conditioning_mask = gather_rows(conditioning_mask, order)
-        mask = None if conditioning_mask is None else conditioning_mask.bool().unsqueeze(-1)
+        """The cross-conditioning sequence u projected like v (Remark 3.3), its real tokens first, zero-padded to the
+        transform length, which Remark 3.3 reads as interpolation in frequency; and its mask (B, L_u, 1)."""
+        layout = SequenceLayout.from_mask(conditioning_mask, self.transform_lengths, conditioning_input.shape[1])
         # The in_proj module is called whole, so that its hooks and adapters act here as well; v is its last third.
-        return masked(self.in_proj(conditioning_input)[..., 2 * self.d_model :], mask), mask
+        value = self.in_proj(layout.pack(conditioning_input))[..., 2 * self.d_model :]
+        return masked(value, layout.mask), layout.mask
 
     def _check_inputs(
         self,

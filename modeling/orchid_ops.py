@@ -1,6 +1,6 @@
 """The operations of the Orchid layer, each a function of tensors: the transforms (DCT and FFT), the long and short
-convolutions, masks and the packing of padded rows, channel groups, and the steps that keep less for backward by
-recomputing in it. ``modeling/orchid_layers.py`` builds the modules of the paper from these.
+convolutions, and masks and the order of padded rows. ``modeling/orchid_layers.py`` builds the modules of the paper
+from these.
 
 Each fast operation has a plain reference beside it, named ``*_ref``, written the way the paper defines it (matrix
 transforms, direct sums over lags); the tests compare the two. The references are slow and are never called by the
@@ -12,14 +12,11 @@ that it ships to the Hub as remote code.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 try:  # optional: the DCT on the CPU, see `dct`
     import scipy.fft as scipy_fft
@@ -31,18 +28,27 @@ except ImportError:
 # ---------------------------------------------------------------------------------------------
 
 
+# Up to this transform length the DCT is a product with its matrix: one GEMM does a short transform's few
+# multiply-adds faster than an FFT library's work per call (docs/performance.md, "Small inputs").
+MATRIX_DCT_MAX_LENGTH = 128
+
+
 def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
     """Orthonormal DCT-II along ``dim`` of ``x`` zero-padded to length ``n`` (default: its own length); equal to
     ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
 
-    On the CPU (float32 or float64, eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT
-    natively; elsewhere, and without SciPy, through one real FFT of the same length (Makhoul, 1980), written for an
-    exported graph in real arithmetic (:func:`_dct_in_graph`).
+    Up to ``MATRIX_DCT_MAX_LENGTH`` it is a product with the DCT matrix. Longer, on the CPU (float32 or float64,
+    eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT natively; elsewhere, and without
+    SciPy, through one real FFT of the same length (Makhoul, 1980), written for an exported graph in real arithmetic
+    (:func:`_dct_in_graph`).
     """
     dim = dim % x.dim()
     n = x.shape[dim] if n is None else n
     if n < x.shape[dim]:
         raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
+    if n <= MATRIX_DCT_MAX_LENGTH:
+        matrix = transform_matrix(n, x.shape[dim], x.dtype, x.device)  # (n, L)
+        return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, n, False)
     if is_exporting():
@@ -55,11 +61,33 @@ def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Ten
     ``scipy.fft.idct(x, axis=dim, norm="ortho")`` cut to ``length``."""
     dim = dim % x.dim()
     length = x.shape[dim] if length is None else length
+    if x.shape[dim] <= MATRIX_DCT_MAX_LENGTH:
+        matrix = transform_matrix(x.shape[dim], length, x.dtype, x.device).transpose(0, 1)
+        return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
     if uses_pocketfft(x):
         return PocketfftTransform.apply(x, dim, length, True)
     if is_exporting():
         return _idct_in_graph(x, dim, length)
     return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
+
+
+_TRANSFORM_MATRICES: dict[tuple, torch.Tensor] = {}
+
+
+def transform_matrix(n: int, columns: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The first ``columns`` columns of the orthonormal DCT-II matrix of size n (:func:`dct_matrix`), computed in
+    float64 and cast to ``dtype``: kept once per (n, dtype, device) in eager runs; under ``torch.compile`` and
+    ``torch.export`` computed in the graph, at the (maybe symbolic) number of columns, since a cut of the whole
+    matrix (a view) would tie an exported graph to one side of columns < n."""
+    if torch.compiler.is_compiling():
+        return dct_matrix(n, torch.float64, device, columns).to(dtype)
+    key = (n, dtype, torch.device(device))
+    if key not in _TRANSFORM_MATRICES:
+        # Made outside inference mode, where the first call may come from: an inference tensor could not be used
+        # by a later call that records autograd.
+        with torch.inference_mode(False):
+            _TRANSFORM_MATRICES[key] = dct_matrix(n, torch.float64, device).to(dtype)
+    return _TRANSFORM_MATRICES[key].narrow(1, 0, columns)
 
 
 def uses_pocketfft(x: torch.Tensor) -> bool:
@@ -166,6 +194,12 @@ def is_exporting() -> bool:
     """Whether the call is being traced by ``torch.export`` (and so for ONNX)."""
     exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
     return exporting is not None and exporting()
+
+
+def is_traced() -> bool:
+    """Whether the call is being compiled, exported or traced into a graph, where shapes may be symbolic and a branch
+    on one would tie the graph to one side of it."""
+    return torch.compiler.is_compiling() or is_exporting() or torch.jit.is_tracing()
 
 
 def _makhoul_order(n: int) -> list[int]:
@@ -281,83 +315,166 @@ def gated_long_convolution(
     return long_convolution(u, multiplier, transform, n) * s2
 
 
-# ---------------------------------------------------------------------------------------------
-# Masks and channel groups
-# ---------------------------------------------------------------------------------------------
-
-# Every step between the operator's projections acts on each channel alone. On long inputs the operator runs them for
-# groups of channels in turn, each group's tensors holding about this many numbers (2 MiB in float32) and at least
-# MIN_CHANNEL_GROUP channels: small tensors stay in cache and reuse freed memory, where sequence-sized ones (48 MiB at
-# 16K tokens and width 768) would take fresh pages from the operating system on every call.
-CHANNEL_GROUP_ELEMENTS = 2**19
-MIN_CHANNEL_GROUP = 32
+# Without autograd, the operator mixes a long input a block of channels at a time: every step between its projections
+# acts on each channel alone, and a block whose (tokens, channels) tensors hold about this many numbers (2 MiB in
+# float32) stays in the CPU's caches, where the whole width's tensors do not (`scripts/benchmark.py --profile 1x4096`
+# shows the transforms, products and short convolutions gaining). Under autograd, blocks would only add copies.
+CHANNEL_BLOCK_ELEMENTS = 2**19
+MIN_CHANNEL_BLOCK = 32
 ALL_CHANNELS = slice(None)
 
 
-def gate_channels(channels: slice, d_model: int, device: torch.device) -> slice | torch.Tensor:
-    """The channels of a (3 d_model)-wide tensor, such as in_proj's output, that hold the gates s1, s2 and the value v
-    of ``channels``: all of them, or an index of the three runs."""
-    if channels == ALL_CHANNELS:
-        return ALL_CHANNELS
-    index = torch.arange(channels.start, channels.stop, device=device)
-    return torch.cat([index, index + d_model, index + 2 * d_model])
+def of_channels(x: torch.Tensor, channels: slice | torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """x's ``channels`` (a slice or an index) along ``dim``; x itself for ``ALL_CHANNELS``, without an indexing op
+    (an exported graph has no translation of one on a complex tensor)."""
+    return x if channels is ALL_CHANNELS else x[(slice(None),) * (dim % x.dim()) + (channels,)]
 
 
-def channel_groups(channels: int, tokens: int) -> list[slice]:
-    """Consecutive ranges of ``channels`` whose (tokens, group) tensors hold about ``CHANNEL_GROUP_ELEMENTS`` numbers;
-    all channels at once where that would make fewer than four groups, which would save little."""
-    width = max(CHANNEL_GROUP_ELEMENTS // tokens // MIN_CHANNEL_GROUP * MIN_CHANNEL_GROUP, MIN_CHANNEL_GROUP)
+def channel_blocks(channels: int, tokens: int) -> list[slice]:
+    """Consecutive ranges of ``channels`` for ``tokens`` positions per channel, each of about
+    ``CHANNEL_BLOCK_ELEMENTS`` numbers and at least ``MIN_CHANNEL_BLOCK`` channels; one range of all channels where
+    that would make fewer than four blocks, which would gain little."""
+    width = max(CHANNEL_BLOCK_ELEMENTS // tokens // MIN_CHANNEL_BLOCK * MIN_CHANNEL_BLOCK, MIN_CHANNEL_BLOCK)
     if 4 * width > channels:
         return [ALL_CHANNELS]
     return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
 
 
-def in_channel_groups(
-    function: Callable[..., torch.Tensor],
-    channel_inputs: dict[str, torch.Tensor | None],
-    shared_inputs: dict[str, torch.Tensor | None],
-    tokens: int,
-    recomputed_modules: tuple[nn.Module | None, ...] = (),
-) -> torch.Tensor:
-    """``function(channels, **channel_inputs, **shared_inputs)`` for all channels, joined along the last axis.
-
-    Every tensor of ``channel_inputs`` holds the channels along its last axis; ``shared_inputs`` (masks) go whole to
-    every call. Under autograd it is one call, recomputed in backward (:func:`recomputed_in_backward`, with
-    ``recomputed_modules`` the modules ``function`` calls). Without autograd, long inputs (``tokens`` positions per
-    channel) run a group of channels at a time (:func:`channel_groups`). Under autograd, groups would save no memory,
-    only add copies and the joining of the groups' gradients in backward. Both ways give the same results."""
-    if torch.is_grad_enabled():
-        inputs = {**channel_inputs, **shared_inputs}
-        return recomputed_in_backward(function, ALL_CHANNELS, modules=recomputed_modules, **inputs)
-    width = next(tensor.shape[-1] for tensor in channel_inputs.values() if tensor is not None)
-    groups = channel_groups(width, tokens)
-    if len(groups) == 1:
-        return function(ALL_CHANNELS, **channel_inputs, **shared_inputs)
-    # Split at once: one pass over each input instead of one strided copy per group.
-    sizes = [len(range(width)[channels]) for channels in groups]
-    splits = {name: None if t is None else t.split(sizes, dim=-1) for name, t in channel_inputs.items()}
-    outputs = [
-        function(channels, **{name: None if s is None else s[i] for name, s in splits.items()}, **shared_inputs)
-        for i, channels in enumerate(groups)
-    ]
-    return torch.cat(outputs, dim=-1)
+# ---------------------------------------------------------------------------------------------
+# Masks and the order of padded rows
+# ---------------------------------------------------------------------------------------------
 
 
-def front_packing_order(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """For each row, the positions of its real tokens in order followed by its padding, (B, L); None when every row
-    already has its real tokens first (right padding or none).
+def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
+    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
+    return x if mask is None else x.masked_fill(~mask, 0.0)
 
-    Orchid mixes each sequence through a transform of fixed length from position 0, so the same tokens give the same
-    outputs only if they start at position 0: rows padded on the left (or with holes) are gathered into this order
-    before mixing and scattered back after."""
-    if attention_mask is None:
-        return None
-    real = attention_mask.bool()
-    # Under torch.compile the order is always taken (the identity for right padding): a graph cannot branch on data.
-    if not torch.compiler.is_compiling() and bool((real[:, 1:] <= real[:, :-1]).all()):
-        return None
-    # A stable sort of "is padding" keeps the real tokens, then the padding, each in their order.
-    return torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
+
+def packing_order(real: torch.Tensor) -> torch.Tensor:
+    """For each row of the boolean mask ``real`` (B, L), the positions of its real tokens in order followed by those
+    of its padding, (B, L): ``gather_rows(x, order)`` puts every row's real tokens first.
+
+    Each position's place in that order comes from running counts of real and padded positions, and the order is its
+    inverse, written by one scatter: a sort would do the same, but its stable form has no ONNX translation."""
+    real = real.bool()
+    count = real.sum(dim=1, keepdim=True)
+    place = torch.where(real, real.cumsum(dim=1) - 1, count + (~real).cumsum(dim=1) - 1)
+    positions = torch.arange(real.shape[1], device=real.device).expand_as(place)
+    return torch.empty_like(place).scatter_(1, place, positions)
+
+
+def transform_length(length: int, lengths: tuple[int, ...]) -> int:
+    """The transform length of a sequence of ``length`` real tokens: the shortest of ``lengths`` (ascending) that holds
+    it."""
+    return next((n for n in lengths if n >= length), lengths[-1])
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows of a batch mixed together at one transform length ``n``: ``rows`` (an index, or None for every row),
+    cropped to their first ``length`` positions, which hold all their real tokens. ``select`` (B,), where given, marks
+    the rows whose result this group gives: traced, every group runs on every row (see :class:`SequenceLayout`)."""
+
+    n: int
+    length: int
+    rows: torch.Tensor | None = None
+    select: torch.Tensor | None = None
+
+    def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """This group's part of x (B, L, ...): its rows, cropped to ``length`` positions (or fewer, where x has)."""
+        if x is None:
+            return None
+        return (x if self.rows is None else x.index_select(0, self.rows))[:, : self.length]
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Where the real tokens of a padded batch are, and at which transform length each row is mixed: computed once per
+    call from the attention mask (by ``OrchidModel`` for all its layers, or by an ``OrchidOperator`` called on its
+    own).
+
+    Orchid mixes each sequence through a transform from position 0, so the same tokens give the same outputs only if
+    they start at position 0: rows padded on the left (or with holes) are gathered into ``order`` before mixing and
+    scattered back after. ``mask`` (B, L, 1, bool) marks the real positions in that order.
+
+    Each row is mixed at the shortest of the model's transform lengths that holds its real tokens, so that its cost
+    follows its own length, and its output does not depend on the rest of the batch. ``groups`` are the rows of each
+    transform length (:class:`RowGroup`). Eager, they are read from the mask's row lengths on the host, and each
+    group is cropped to its longest row. Under ``torch.compile`` and ``torch.export``, where a graph cannot depend on
+    values, every transform length up to the one that holds the padded length runs on every row, and each row takes
+    the result of its own (about twice the work of the longest, in one graph); the rows are first zero-padded to
+    ``padded_length``, so that every shape inside is fixed whatever the input's length. A row's real tokens give the
+    same outputs either way: beyond them everything is zero."""
+
+    mask: torch.Tensor | None = None
+    order: torch.Tensor | None = None
+    groups: tuple[RowGroup, ...] = ()
+    padded_length: int | None = None
+
+    @classmethod
+    def from_mask(
+        cls, attention_mask: torch.Tensor | None, lengths: tuple[int, ...], length: int | None = None
+    ) -> SequenceLayout:
+        """The layout of a batch of ``length`` positions whose ``attention_mask`` (B, L) holds only 0 and 1 (checked
+        by the caller), for the transform lengths ``lengths`` (ascending). Eager, this reads values on the host once:
+        each row's count of real tokens, and whether every row's real tokens come first (then ``order`` is None);
+        compiled, the order is always taken (the identity for right padding)."""
+        if attention_mask is None:
+            if torch.compiler.is_compiling():
+                return cls(None, None, *traced_groups(None, length, lengths))
+            return cls(groups=(RowGroup(transform_length(length, lengths), length),))
+        real = attention_mask.bool()
+        length = real.shape[1]
+        counts = real.sum(dim=1)
+        if torch.compiler.is_compiling():
+            order = packing_order(real)
+            return cls(gather_rows(real, order).unsqueeze(-1), order, *traced_groups(counts, length, lengths))
+        packed = (real[:, 1:] <= real[:, :-1]).all(dim=1)
+        values = torch.cat([counts, packed.all().unsqueeze(0).long()]).tolist()  # the one read on the host
+        counts_list, in_order = values[:-1], bool(values[-1])
+        order = None if in_order else packing_order(real)
+        mask = real.unsqueeze(-1) if order is None else gather_rows(real, order).unsqueeze(-1)
+        return cls(mask, order, eager_groups(counts_list, length, lengths, real.device))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, L, ...) with each row's real tokens first."""
+        return x if self.order is None else gather_rows(x, self.order)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`pack`: x back in the caller's order."""
+        return x if self.order is None else scatter_rows(x, self.order)
+
+
+def eager_groups(counts: list[int], length: int, lengths: tuple[int, ...], device) -> tuple[RowGroup, ...]:
+    """The rows of each transform length, from every row's count of real tokens: one group of all rows (no index)
+    where they share one."""
+    rungs = [transform_length(max(count, 1), lengths) for count in counts]
+    groups = []
+    for n in sorted(set(rungs)):
+        members = [row for row, rung in enumerate(rungs) if rung == n]
+        crop = min(max(max(counts[row] for row in members), 1), length)
+        rows = None if len(members) == len(rungs) else torch.tensor(members, device=device)
+        groups.append(RowGroup(n, crop, rows))
+    return tuple(groups)
+
+
+def traced_groups(counts: torch.Tensor | None, length, lengths: tuple[int, ...]) -> tuple[tuple[RowGroup, ...], int]:
+    """Every transform length that a row of ``length`` positions may need, each over every row cropped or padded to
+    it, selecting the rows whose own it is; and the length the rows are padded to first. With a length known when
+    tracing, the lengths beyond the one that holds it are left out; with a symbolic one (a dynamic axis of an
+    export), all of them run. ``counts``: each row's real tokens (None: every position is real)."""
+    if isinstance(length, int):
+        lengths = tuple(n for n in lengths if n <= transform_length(length, lengths))
+    if counts is None or len(lengths) == 1:
+        # One transform length holds every row; without a mask, each row is as long as the input.
+        if len(lengths) == 1 or isinstance(length, int):
+            return (RowGroup(lengths[-1], lengths[-1]),), lengths[-1]
+        counts = torch.full((1,), length)
+    bounds = torch.tensor(lengths, device=counts.device)
+    # The first length that holds each row: the count of shorter ones (searchsorted, which has no ONNX translation).
+    rung = bounds[(counts.clamp_min(1).unsqueeze(-1) > bounds).sum(-1).clamp_max(len(lengths) - 1)]
+    return tuple(RowGroup(n, n, select=rung == n) for n in lengths), lengths[-1]
 
 
 def gather_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -371,11 +488,6 @@ def scatter_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
     return torch.empty_like(x).scatter_(1, index, x)
 
-
-def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
-    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
-    return x if mask is None else x.masked_fill(~mask, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,162 +531,17 @@ def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> t
 
 
 # ---------------------------------------------------------------------------------------------
-# Keeping less for backward: recomputation
-# ---------------------------------------------------------------------------------------------
-
-
-def observed(modules: tuple[nn.Module | None, ...]) -> bool:
-    """Whether a hook would notice that the forward of ``modules`` (and their submodules) runs again in backward:
-    any forward or backward hook on them, or a global module hook."""
-    module_hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    global_hooks = tuple(f"_global{name}" for name in module_hooks) + ("_global_forward_hooks_always_called",)
-    if any(getattr(nn.modules.module, name, None) for name in global_hooks):
-        return True
-    return any(
-        getattr(submodule, name) for module in modules if module is not None
-        for submodule in module.modules() for name in module_hooks
-    )  # fmt: skip
-
-
-def recomputed_in_backward(function: Callable[..., torch.Tensor], *args, modules=(), **kwargs) -> torch.Tensor:
-    """``function(*args, **kwargs)``, keeping only its inputs for backward and recomputing what it computed from them
-    when backward needs it (a non-reentrant :func:`torch.utils.checkpoint.checkpoint`).
-
-    The operator runs everything between its projections through this: written out, autograd would keep the short
-    convolution's output, the conditioning network's spectra, the kernel, and the transform of each long
-    convolution's input, each the size of an activation; recomputed, it keeps the input projection's output, which
-    the short convolution's backward needs anyway. ``modules`` are the modules ``function`` calls: where a hook
-    watches one of them (:func:`observed`), running it again would fire the hook twice, so the call is a plain one,
-    as it is without autograd. Both ways give the same results."""
-    inputs = (*args, *kwargs.values())
-    needs_grad = any(isinstance(value, torch.Tensor) and value.requires_grad for value in inputs) or any(
-        parameter.requires_grad for module in modules if module is not None for parameter in module.parameters()
-    )
-    if torch.is_grad_enabled() and needs_grad and not observed(modules):
-        return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-    return function(*args, **kwargs)
-
-
-class GatedActivation(torch.autograd.Function):
-    """The GLU of M2-BERT's MLP, ``act(gate) * value`` with ``gate, value = hidden.chunk(2, -1)``, saving only
-    ``hidden`` for backward.
-
-    Written out by autograd, the GLU saves ``act(gate)`` as well (half the size of ``hidden``), and the gradients of
-    the two halves are joined by a concatenation in backward. Here the backward recomputes ``act(gate)``, which costs
-    one elementwise pass, and writes both halves of the gradient into one tensor. The results equal the written-out
-    GLU's, gradients included; double backward works (a ``create_graph`` backward is differentiable).
-
-    ``act`` is the MLP's activation module, called as a module in forward and through its ``forward`` when backward
-    recomputes it; a hook on it would see only the first call, so the MLP writes the GLU out where ``act`` has one.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, act: nn.Module) -> torch.Tensor:
-        ctx.act = act
-        ctx.save_for_backward(hidden)
-        gate, value = hidden.chunk(2, dim=-1)
-        return act(gate) * value
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (hidden,) = ctx.saved_tensors
-        gate, value = hidden.chunk(2, dim=-1)
-        if torch.is_grad_enabled():  # backward(create_graph=True): build the gradient from differentiable steps
-            activated = ctx.act.forward(gate)
-            (grad_gate,) = torch.autograd.grad(activated, gate, grad * value, create_graph=True)
-            return torch.cat([grad_gate, grad * activated], dim=-1), None
-        with torch.enable_grad():
-            leaf = gate.detach().requires_grad_(True)
-            activated = ctx.act.forward(leaf)
-        grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-        grad_gate, grad_value = grad_hidden.chunk(2, dim=-1)
-        torch.mul(grad, activated.detach(), out=grad_value)
-        (local,) = torch.autograd.grad(activated, leaf, grad * value)
-        grad_gate.copy_(local)
-        return grad_hidden, None
-
-
-class RecomputedOnUnpack:
-    """What autograd keeps for a tensor saved in :func:`saved_as_recomputation`: its view of the recomputed tensor."""
-
-    def __init__(self, recomputation: SavedAsRecomputation, size, stride, offset: int):
-        self.recomputation, self.size, self.stride, self.offset = recomputation, size, stride, offset
-
-
-class SavedAsRecomputation:
-    """The saved-tensor hooks of :func:`saved_as_recomputation`."""
-
-    def __init__(self, output: torch.Tensor, recompute: Callable[[], torch.Tensor], source: torch.Tensor):
-        self.storage = output.untyped_storage().data_ptr()
-        self.dtype, self.stride, self.offset = output.dtype, output.stride(), output.storage_offset()
-        self.recompute, self.source, self.version = recompute, source, source._version
-        self.pending, self.value = 0, None
-
-    def pack(self, tensor: torch.Tensor):
-        if tensor.dtype != self.dtype or tensor.untyped_storage().data_ptr() != self.storage:
-            return tensor
-        self.pending += 1
-        return RecomputedOnUnpack(self, tensor.shape, tensor.stride(), tensor.storage_offset() - self.offset)
-
-    def unpack(self, packed):
-        if not isinstance(packed, RecomputedOnUnpack):
-            return packed
-        if self.source._version != self.version:
-            raise RuntimeError(
-                "a tensor needed for gradient computation was modified by an inplace operation: the input of a "
-                "step that recomputes its output in backward (saved_as_recomputation)"
-            )
-        if self.value is None or torch.is_grad_enabled():
-            # A backward that builds a graph (create_graph=True) gets a recomputation linked to the source's graph.
-            value = self.recompute()
-            if value.stride() != self.stride:
-                raise RuntimeError(f"recomputed output has strides {value.stride()}, the original {self.stride}")
-            if torch.is_grad_enabled():
-                return value.as_strided(packed.size, packed.stride, packed.offset)
-            self.value = value
-        view = self.value.as_strided(packed.size, packed.stride, packed.offset)
-        self.pending -= 1
-        if self.pending <= 0:  # every saved view is unpacked: free the recomputed tensor
-            self.value = None
-        return view
-
-
-def saved_as_recomputation(
-    output: torch.Tensor, recompute: Callable[[], torch.Tensor], source: torch.Tensor, modules=()
-) -> contextlib.AbstractContextManager:
-    """A context in which autograd does not keep ``output`` (or any view of it) for backward: what the operations in
-    the context save of it is recomputed by ``recompute()`` from ``source`` when backward needs it.
-
-    The MLP's down projection runs in one: written out, its backward keeps its input, the GLU's output (half the size
-    of the GLU's input, which is kept anyway); one elementwise pass recomputes it. Where other saved-tensor hooks are
-    active (gradient checkpointing, offloading), where a hook watches ``modules`` (it might change ``output`` in
-    place), under torch.compile (which plans memory itself) and without autograd, it does nothing. An in-place change
-    of ``source`` before backward raises, as autograd does for tensors it keeps."""
-    outer_hooks = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-    if (
-        not torch.is_grad_enabled()
-        or not output.requires_grad
-        or torch.compiler.is_compiling()
-        or outer_hooks
-        or observed(modules)
-    ):
-        return contextlib.nullcontext()
-    hooks = SavedAsRecomputation(output, recompute, source)
-    return torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack)
-
-
-# ---------------------------------------------------------------------------------------------
 # References: each fast operation above as the paper defines it (slow; for the tests)
 # ---------------------------------------------------------------------------------------------
 
 
-def dct_matrix(n: int, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
-    """The orthonormal DCT-II matrix C (n, n): ``C[k, t] = sqrt(2 / n) cos(pi (2t + 1) k / 2n)``, row 0 over sqrt 2."""
+def dct_matrix(n: int, dtype: torch.dtype = torch.float64, device=None, columns: int | None = None) -> torch.Tensor:
+    """The orthonormal DCT-II matrix C (n, n), or its first ``columns`` columns: ``C[k, t] = sqrt(2 / n)
+    cos(pi (2t + 1) k / 2n)``, row 0 over sqrt 2."""
     k = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
-    t = torch.arange(n, dtype=dtype, device=device).unsqueeze(0)
-    matrix = math.sqrt(2.0 / n) * torch.cos(math.pi * (2 * t + 1) * k / (2 * n))
-    matrix[0] /= math.sqrt(2.0)
-    return matrix
+    t = torch.arange(n if columns is None else columns, dtype=dtype, device=device).unsqueeze(0)
+    scale = math.sqrt(2.0 / n) * (1.0 - (1.0 - math.sqrt(0.5)) * (k == 0).to(dtype))  # row 0: sqrt(1 / n)
+    return scale * torch.cos(math.pi * (2 * t + 1) * k / (2 * n))
 
 
 def dct_ref(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
@@ -621,8 +588,3 @@ def short_convolution_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         pad = 0
     return F.conv1d(signal, weight, bias, padding=pad, groups=weight.shape[0]).transpose(1, 2)
 
-
-def gated_activation_ref(hidden: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """:class:`GatedActivation` as autograd records it: ``act(gate) * value``."""
-    gate, value = hidden.chunk(2, dim=-1)
-    return act(gate) * value

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainingArguments
 
 from .recipes import Recipe, get_recipe
 
@@ -125,15 +125,27 @@ class RecipeArguments:
 
 @dataclass
 class ParsedArguments:
-    """The parsed dataclasses (in the order given), the recipe, and the fields the user set explicitly."""
+    """A recipe's parsed command line: each dataclass by its role, the recipe, the fields the user set explicitly and
+    the arguments as given."""
 
-    values: tuple
+    model_args: ModelArguments
+    data_args: Any
+    recipe_args: RecipeArguments
+    training_args: TrainingArguments
     recipe: Recipe
     explicit: frozenset[str]
     argv: tuple[str, ...]
+    augmentation_args: Any = None  # the image recipe's augmentations
 
-    def __iter__(self):
-        return iter(self.values)
+
+def recipe_dataclasses(model: type, data: type, augmentation: type | None = None) -> dict[str, type]:
+    """The dataclasses of a recipe's command line, by the field of :class:`ParsedArguments` that holds each, in the
+    order ``--help`` lists them: the model's, the data's, the augmentations' (images), the recipe's and
+    ``TrainingArguments``."""
+    classes = {"model_args": model, "data_args": data}
+    if augmentation is not None:
+        classes["augmentation_args"] = augmentation
+    return {**classes, "recipe_args": RecipeArguments, "training_args": TrainingArguments}
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
@@ -176,7 +188,7 @@ def recipe_defaults(recipe: Recipe, task: str | None = None) -> dict[str, Any]:
 
 
 def parse_recipe_arguments(
-    dataclass_types: Sequence[type],
+    dataclass_types: dict[str, type],
     argv: Sequence[str] | None,
     *,
     kind: str,
@@ -186,12 +198,12 @@ def parse_recipe_arguments(
 ) -> ParsedArguments:
     """Parse a recipe's command line like transformers' examples, with the recipe's values as defaults.
 
-    argv: the arguments (``sys.argv[1:]`` when None); a single ``.json``/``.yaml`` argument is a config file whose
-    keys are the flag names. default_recipe: the recipe used when ``--recipe`` is not given, or a function of the
-    values given (names to values) that picks one. task: also apply the recipe's values for this task.
-    """
+    dataclass_types: the dataclasses by role (:func:`recipe_dataclasses`). argv: the arguments (``sys.argv[1:]``
+    when None); a single ``.json``/``.yaml`` argument is a config file whose keys are the flag names.
+    default_recipe: the recipe used when ``--recipe`` is not given, or a function of the values given (names to
+    values) that picks one. task: also apply the recipe's values for this task."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(dataclass_types, description=description)
+    parser = HfArgumentParser(list(dataclass_types.values()), description=description)
     file_values = None
     if len(argv) == 1 and argv[0].endswith(CONFIG_FILE_SUFFIXES) and not argv[0].startswith("-"):
         file_values = _read_config_file(argv[0])
@@ -211,7 +223,9 @@ def parse_recipe_arguments(
     else:
         parser.set_defaults(**defaults)
         values = parser.parse_args_into_dataclasses(args=argv)
-    return ParsedArguments(tuple(values), recipe, frozenset(explicit), tuple(argv))
+    return ParsedArguments(
+        **dict(zip(dataclass_types, values)), recipe=recipe, explicit=frozenset(explicit), argv=tuple(argv)
+    )
 
 
 def bf16_available() -> bool:
@@ -226,5 +240,6 @@ __all__ = [
     "RecipeArguments",
     "bf16_available",
     "parse_recipe_arguments",
+    "recipe_dataclasses",
     "recipe_defaults",
 ]

@@ -168,14 +168,59 @@ def require_columns(dataset, source: DataFile | str, names: Sequence[str], what:
         raise ValueError(f"{source} has no {what} {missing[0]!r} (columns {dataset.column_names})")
 
 
+# The JSON types of the values of a column, by Python type as json.loads gives them.
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "object"}
+
+
+def _json_values(data_file: DataFile, column: str):
+    """(where, value) of each record of a JSON or JSON-lines file that holds ``column``: ``line N``, or ``row N`` in
+    a JSON document holding a list."""
+    if _is_json_document(data_file.path):
+        records = json.loads(data_file.path.read_text(encoding="utf-8"))
+        numbered = ((f"row {number}", record) for number, record in enumerate(records, 1))
+    else:
+        with data_file.path.open(encoding="utf-8") as stream:
+            lines = [(number, line) for number, line in enumerate(stream, 1) if line.strip()]
+        numbered = ((f"line {number}", json.loads(line)) for number, line in lines)
+    for where, record in numbered:
+        if isinstance(record, dict) and record.get(column) is not None:
+            yield where, record[column]
+
+
+def check_column_type(dataset, source: DataFile | str, column: str, what: str) -> None:
+    """ValueError for a column that does not hold one value per row: lists or records in every row, or JSON values
+    of several types (``1`` and ``"1"``, text and numbers, lists), which ``datasets`` reads as a ``Json`` column,
+    where the error names each type found and where it first occurs."""
+    from datasets.features import ClassLabel, Json, Value
+
+    feature = dataset.features[column]
+    if isinstance(feature, (Value, ClassLabel)):
+        return
+    if not isinstance(feature, Json):
+        raise ValueError(f"{source}: the {what} column {column!r} holds {feature} values, not one {what} per row")
+    first: dict[str, str] = {}
+    if isinstance(source, DataFile) and source.builder == "json":
+        for where, value in _json_values(source, column):
+            first.setdefault(JSON_TYPES.get(type(value), type(value).__name__), where)
+    if not first:  # not a file of records, or a dataset from elsewhere: the values as datasets decodes them
+        for index, value in enumerate(dataset[column]):
+            if value is not None:
+                where = locate(source, index, len(dataset)).rpartition(", ")[2]
+                first.setdefault(JSON_TYPES.get(type(value), type(value).__name__), where)
+    found = ", ".join(f"{name} ({where})" for name, where in first.items())
+    hint = "numbers or all strings" if what == "label" else "strings"
+    raise ValueError(f"{source}: the {what} column {column!r} mixes JSON types: {found}; make them all {hint}")
+
+
 def check_text_columns(dataset, source: DataFile | str, columns: Sequence[str]) -> int:
-    """ValueError for a text column that holds no text (numbers, or every cell empty); returns the number of empty
-    cells."""
+    """ValueError for a text column that holds no text (numbers, values of mixed types, or every cell empty);
+    returns the number of empty cells."""
     import pyarrow as pa
 
     table = _table(dataset)
     empty_cells = 0
     for name in columns:
+        check_column_type(dataset, source, name, "text")
         column = table.column(name)
         is_text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
         if not is_text and column.null_count < len(column):
@@ -237,6 +282,7 @@ def locate(source: DataFile | str, index: int, num_rows: int) -> str:
 __all__ = [
     "DATA_BUILDERS",
     "DataFile",
+    "check_column_type",
     "check_labels_present",
     "check_text_columns",
     "fill_empty_text",

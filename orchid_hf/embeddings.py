@@ -1,18 +1,21 @@
 """Orchid encoders as sentence-transformers models (text embeddings for similarity, retrieval and clustering).
 
-``sentence_transformer(checkpoint)`` builds ``SentenceTransformer([Transformer, Pooling])`` from a saved Orchid
-folder (an ``OrchidModel``, or a task checkpoint such as ``OrchidForMaskedLM``, whose encoder it takes) or from a
-model in memory. A saved ``SentenceTransformer`` folder loads with ``SentenceTransformer(path)`` once ``orchid_hf``
-is imported, or with ``trust_remote_code=True`` without it (the model code ships in the folder). Needs the
-``embeddings`` extra: ``pip install "orchid-hf[embeddings]"``.
+``sentence_transformer(checkpoint)`` builds ``SentenceTransformer([Transformer, Pooling])`` (and ``Normalize`` with
+``normalize=True``) from a saved Orchid folder (an ``OrchidModel``, or a task checkpoint such as ``OrchidForMaskedLM``,
+whose encoder it takes) or from a model in memory. A saved ``SentenceTransformer`` folder loads with
+``SentenceTransformer(path)`` once ``orchid_hf`` is imported, or with ``trust_remote_code=True`` without it (the model
+code ships in the folder). Needs the ``embeddings`` extra: ``pip install "orchid-hf[embeddings]"``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .extras import require_extra
@@ -23,6 +26,29 @@ if TYPE_CHECKING:
 # sentence-transformers' Pooling modes. "cls" takes the first real token and "lasttoken" the last one, so they, like
 # the means, do not depend on the side the tokenizer pads on.
 POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+
+def unwrap_model(model):
+    """The model inside ``torch.compile``'s wrapper and ``DataParallel``/``DistributedDataParallel``, which compute
+    what it computes with the same weights; a ValueError for a peft model (its adapters are not in the base model's
+    weights) and for any other module that is not a transformers model."""
+    dynamo = sys.modules.get("torch._dynamo")  # torch.compile imports it: a compiled model means it is loaded
+    while True:
+        if dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule):
+            model = model._orig_mod
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            break
+    if hasattr(model, "peft_config"):
+        raise ValueError(
+            f"model is a peft model ({type(model).__name__}), whose adapters are not in its base model's weights: "
+            "pass model.merge_and_unload() for the merged weights, or, to keep training the adapters, build the "
+            "SentenceTransformer from the base model and add the adapter to it (SentenceTransformer.add_adapter)"
+        )
+    if not isinstance(model, (PreTrainedModel, str, os.PathLike)):
+        raise ValueError(f"model must be an Orchid model, a folder or a Hub id, got {type(model).__name__}")
+    return model
 
 
 def sentence_transformer(
@@ -38,7 +64,7 @@ def sentence_transformer(
     """A ``SentenceTransformer`` of an Orchid encoder: token embeddings, then ``pooling`` over the real tokens.
 
     model: a folder (or Hub id) with an Orchid checkpoint of any text head (only its encoder is used), or such a
-        model in memory.
+        model in memory (also compiled, or in ``DataParallel``; a peft model must merge its adapters first).
     tokenizer: the tokenizer (object, folder or Hub id); by default the one saved with ``model``.
     pooling: one of ``POOLING_MODES``; ``"mean"`` averages the token embeddings over the attention mask.
     max_seq_length: inputs are truncated to this many tokens; by default the model's ``max_position_embeddings``
@@ -52,6 +78,7 @@ def sentence_transformer(
 
     if pooling not in POOLING_MODES:
         raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+    model = unwrap_model(model)
     in_memory = isinstance(model, PreTrainedModel)
     config = model.config if in_memory else AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     if config.model_type != "orchid":

@@ -2,8 +2,9 @@
 
 A pushed folder must load anywhere: safetensors weights, ``config.json`` (with its ``auto_map``), the
 remote-code files that ``save_pretrained`` copies next to them, the tokenizer or image processor, and the
-model card. :func:`push_to_hub` refuses a folder that lacks any of them, and uploads only those files (never
-Trainer checkpoints or optimizer states).
+model card; a sentence-transformers folder also its ``modules.json`` and the folders of its modules.
+:func:`push_to_hub` refuses a folder that lacks any of them, and uploads only those files (never Trainer
+checkpoints or optimizer states).
 """
 
 from __future__ import annotations
@@ -59,13 +60,34 @@ REMOTE_CODE_FILES = ("configuration_orchid.py", "modeling_orchid.py", "orchid_la
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
 OPTIONAL_FILES = ("generation_config.json", "results.json", "glue_results.json", "glue_results.md")
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json")
 
 
 def upload_file_list(folder: str | Path) -> list[str]:
-    """The files of ``folder`` that make up a loadable model repository; ValueError naming what is missing."""
+    """The files of ``folder`` that make up a loadable model repository, as paths relative to it; ValueError naming
+    what is missing.
+
+    A sentence-transformers folder (one with ``modules.json``, as ``SentenceTransformer.save`` writes it) is uploaded
+    whole: its configuration files, the Orchid model at its root, and the folder of every other module (pooling,
+    dense layers, normalisation), so that ``SentenceTransformer(repo_id)`` builds the model that was saved.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"model folder {folder} does not exist")
+    if (folder / "modules.json").is_file():
+        files, missing = sentence_transformers_files(folder)
+    else:
+        files, missing = model_files(folder)
+    if "README.md" not in {path.name for path in folder.iterdir() if path.is_file()}:
+        missing.append("README.md (write one with orchid_hf.cards.write_model_card)")
+    if missing:
+        raise ValueError(f"{folder} cannot be pushed, it lacks: {'; '.join(missing)}")
+    return sorted({"README.md", *files})
+
+
+def model_files(folder: Path) -> tuple[list[str], list[str]]:
+    """The files of the Orchid model saved in ``folder`` (weights, config, remote code, tokenizer or image
+    processor, results), and what it lacks."""
     present = {path.name for path in folder.iterdir() if path.is_file()}
     missing = []
     if "config.json" not in present:
@@ -90,12 +112,29 @@ def upload_file_list(folder: str | Path) -> list[str]:
         processor = [name for name in TOKENIZER_FILES if name in present]
         if "tokenizer.json" not in processor and "vocab.txt" not in processor:
             missing.append("tokenizer.json (save the tokenizer next to the model)")
-    if "README.md" not in present:
-        missing.append("README.md (write one with orchid_hf.cards.write_model_card)")
-    if missing:
-        raise ValueError(f"{folder} cannot be pushed, it lacks: {'; '.join(missing)}")
     optional = [name for name in OPTIONAL_FILES if name in present]
-    return sorted({"config.json", "README.md", *weights, *REMOTE_CODE_FILES, *processor, *optional})
+    return ["config.json", *weights, *REMOTE_CODE_FILES, *processor, *optional], missing
+
+
+def sentence_transformers_files(folder: Path) -> tuple[list[str], list[str]]:
+    """The files of a sentence-transformers folder and what it lacks: ``modules.json`` and
+    ``config_sentence_transformers.json``, the model files and module configuration (``sentence_*config.json``) of
+    the module saved at the root, and every file in the folder of each other module."""
+    modules = json.loads((folder / "modules.json").read_text())
+    files = [name for name in SENTENCE_TRANSFORMERS_FILES if (folder / name).is_file()]
+    missing = []
+    for number, module in enumerate(modules):
+        path = module.get("path", "")
+        where = folder / path
+        if not where.is_dir():
+            missing.append(f"{path}/ (module {number} of modules.json, a {module.get('type')})")
+        elif where == folder:
+            model, lacks = model_files(folder)
+            files += model + [p.name for p in folder.glob("sentence_*config.json")]
+            missing += lacks
+        else:
+            files += [p.relative_to(folder).as_posix() for p in sorted(where.rglob("*")) if p.is_file()]
+    return files, missing
 
 
 def push_to_hub(
@@ -166,6 +205,7 @@ def pull_from_hub(
 
 __all__ = [
     "REMOTE_CODE_FILES",
+    "SENTENCE_TRANSFORMERS_FILES",
     "HubUnavailableError",
     "from_pretrained",
     "hub_offline",

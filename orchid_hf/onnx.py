@@ -15,12 +15,14 @@ Everything here needs the ``onnx`` extra (``pip install "orchid-hf[onnx]"``: onn
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,7 +38,6 @@ from .modeling import (
     OrchidOperator,
     OrchidPreTrainedModel,
 )
-from .modeling.modeling_orchid import OrchidLayer
 
 # The outputs of each exportable class, in the order of the graph's outputs.
 OUTPUT_NAMES: dict[type, tuple[str, ...]] = {
@@ -67,19 +68,10 @@ def require_onnx(module: str = "onnxruntime"):
 def exportable(model) -> nn.Module:
     """``model`` itself if :func:`export_onnx` can export it; otherwise a ValueError naming the part that cannot be
     exported and what to export instead."""
-    from .inference import FrozenWeight
-
     if not isinstance(model, tuple(OUTPUT_NAMES)):
         names = ", ".join(cls.__name__ for cls in OUTPUT_NAMES)
         hint = "; merge its peft adapters first (merge_and_unload())" if hasattr(model, "peft_config") else ""
         raise ValueError(f"export_onnx exports Orchid models ({names}), got {type(model).__name__}{hint}")
-    if any(isinstance(parameter, FrozenWeight) for parameter in model.parameters()):
-        raise ValueError(
-            "this model was made by optimize_for_inference, whose CPU paths (pocketfft in place, oneDNN's packed "
-            "weights) cannot be traced into a graph; export the plain model (the one optimize_for_inference was "
-            "given, or a plain model loaded from the same weights): it gives the same outputs, and ONNX Runtime "
-            "optimises the graph itself"
-        )
     for name, module in model.named_modules():
         if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
             raise ValueError(
@@ -109,6 +101,32 @@ def input_names(model: nn.Module) -> tuple[str, ...]:
 def max_length(model: nn.Module) -> int:
     """The longest input: the transform length of the model (``config.max_sequence_length``) or operator."""
     return model.max_len if isinstance(model, OrchidOperator) else model.config.max_sequence_length
+
+
+# The ONNX file's metadata key under which the input rules (:func:`input_rules`) are stored for the runner.
+RULES_KEY = "orchid_hf.input_rules"
+
+
+def input_rules(model: nn.Module) -> dict[str, tuple[int, int, str]]:
+    """The values the model accepts in each integer input, ``{name: (low, high, rule)}`` with ``low <= value <
+    high``, ``rule`` as the PyTorch model's own check states it."""
+    mask = {"attention_mask": (0, 2, "attention_mask must hold 1 for real tokens and 0 for padding")}
+    if isinstance(model, OrchidOperator):
+        return mask
+    config = model.config
+    if config.is_vision:
+        return {}
+    rules = {**mask, "input_ids": (0, config.vocab_size, f"input_ids must lie in [0, vocab_size={config.vocab_size})")}
+    if config.type_vocab_size > 0:
+        rules["token_type_ids"] = (
+            0, config.type_vocab_size, f"token_type_ids must lie in [0, type_vocab_size={config.type_vocab_size})"
+        )  # fmt: skip
+    return rules
+
+
+def length_rule(longest: int) -> str:
+    """The rule of the length axis (the mask's last), for a model whose longest input is ``longest``."""
+    return f"length must lie in [1, max_sequence_length={longest}]"
 
 
 def output_names(model: nn.Module) -> tuple[str, ...]:
@@ -182,28 +200,12 @@ def dynamic_axes(model: nn.Module) -> dict[str, dict[int, str]]:
 
 
 @contextlib.contextmanager
-def tracing_state(model: nn.Module) -> Iterator[None]:
-    """The model as it is traced, restored afterwards: eval mode; parameters that do not require grad, traced with
-    grad mode on, so that the operator mixes all channels at once (its channel groups depend on the batch size
-    without autograd) and runs its long convolutions without recomputation; and every layer's feed-forward on all
-    tokens at once (its chunks depend on batch x length). Neither changes the outputs; both would otherwise tie
-    the graph to the example's shape."""
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode (no dropout) while it is traced, in its own mode afterwards."""
     training = model.training
-    requires_grad = [(p, p.requires_grad) for p in model.parameters()]
-    chunks = [(layer, layer.chunk_size_feed_forward) for layer in model.modules() if isinstance(layer, OrchidLayer)]
     try:
-        model.eval()
-        for parameter, _ in requires_grad:
-            parameter.requires_grad_(False)
-        for layer, _ in chunks:
-            layer.chunk_size_feed_forward = 0
-        with torch.enable_grad():
-            yield
+        yield model.eval()
     finally:
-        for layer, size in chunks:
-            layer.chunk_size_feed_forward = size
-        for parameter, flag in requires_grad:
-            parameter.requires_grad_(flag)
         model.train(training)
 
 
@@ -212,34 +214,33 @@ def tracing_state(model: nn.Module) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-def stable_sort(self, dim: int = -1, descending: bool = False, stable: bool = False):
-    """``aten::sort.stable`` in ONNX, which torch's exporter lacks: ``TopK`` over the whole axis, whose ties keep the
-    order of their indices (the ONNX specification), as a stable sort does. The model sorts its 0/1 padding flags
-    this way to move each row's real tokens to the front (``front_packing_order``)."""
-    from onnxscript.onnx_opset import opset18 as op
-
-    size = op.Reshape(op.Gather(op.Shape(self), dim, axis=0), op.Constant(value_ints=[1]))
-    values, indices = op.TopK(op.Cast(self, to=1), size, axis=dim, largest=descending, sorted=True)  # 1: float
-    return op.CastLike(values, self), indices
-
-
 def load_for_export(model_or_path) -> nn.Module:
-    """An Orchid model, or one loaded from a saved folder (or Hub id) as the class its config names."""
+    """An Orchid model, or one loaded from a saved folder (or Hub id) as the class its config names (``OrchidModel``
+    where it names none); a ValueError for another model type or a class :func:`export_onnx` does not export."""
     if isinstance(model_or_path, nn.Module):
         return model_or_path
     from transformers import AutoConfig
-
-    import orchid_hf
 
     from .hub import from_pretrained
 
     how_to_local = "Pass a folder written by save_pretrained."
     path = os.fspath(model_or_path)
     config = from_pretrained(AutoConfig, path, what="model", how_to_local=how_to_local)
-    names = [name for name in (getattr(config, "architectures", None) or []) if hasattr(orchid_hf, name)]
-    cls = getattr(orchid_hf, names[0]) if names else OrchidModel
-    if not issubclass(cls, OrchidPreTrainedModel):
-        raise ValueError(f"{path} holds a {cls.__name__}, not an Orchid model")
+    architectures = list(getattr(config, "architectures", None) or [])
+    if config.model_type != "orchid":
+        raise ValueError(
+            f"export_onnx exports Orchid models; {path} holds a {config.model_type!r} model "
+            f"({', '.join(architectures) or 'no architectures in its config'}); export it with Hugging Face optimum "
+            f"(optimum-cli export onnx --model {path} OUTPUT_DIR)"
+        )
+    classes = {cls.__name__: cls for cls in OUTPUT_NAMES if issubclass(cls, OrchidPreTrainedModel)}
+    names = [name for name in architectures if name in classes]
+    if architectures and not names:
+        raise ValueError(
+            f"{path}: its config.architectures names {architectures}, none of the classes export_onnx exports "
+            f"({', '.join(classes)})"
+        )
+    cls = classes[names[0]] if names else OrchidModel
     return from_pretrained(cls, path, what="model", how_to_local=how_to_local, config=config)
 
 
@@ -260,17 +261,17 @@ def export_onnx(
     ``attention_mask``. Batch and length are dynamic axes named ``batch`` and ``length``. The outputs are those of
     the model's output class: ``last_hidden_state`` (OrchidModel), ``logits`` (masked LM, sequence, token and image
     classification), ``start_logits`` and ``end_logits`` (question answering). Padding on either side gives the
-    outputs PyTorch gives.
+    outputs PyTorch gives. The graph checks masks, ids, token types and the length as the model does
+    (:func:`add_input_checks`): ONNX Runtime stops on what PyTorch refuses.
 
     ``verify``: run the file with ONNX Runtime on random padded batches of other shapes than the example the graph
     was traced with (:func:`compare_with_onnxruntime`) and raise a ValueError if an output differs from PyTorch's by
     more than ``atol``. ``optimize``: let onnxscript's optimizer fold constants (the static filters' spectra) and
     simplify the graph. ``opset_version``: the exporter's default if None.
 
-    Refused with a ValueError naming the part: a model made by ``optimize_for_inference`` (export the plain model),
-    quantised modules (quantise the ONNX graph instead), parameters in another dtype than float32, anything that is
-    not an Orchid model (a peft model: merge its adapters first). The model is traced in eval mode and left as
-    it was.
+    Refused with a ValueError naming the part: quantised modules (quantise the ONNX graph instead), parameters in
+    another dtype than float32, anything that is not an Orchid model (a peft model: merge its adapters first), a saved
+    folder of another model type. The model is traced in eval mode and left as it was.
     """
     require_onnx("onnx")
     require_onnx("onnxscript")
@@ -291,7 +292,7 @@ def export_onnx(
         "length": torch.export.Dim("length", min=1, max=length),
     }
     wrapper = ExportedForward(model)
-    with tracing_state(model):
+    with eval_mode(model):
         program = torch.export.export(
             wrapper,
             tuple(tensor.to(device) for tensor in example.values()),
@@ -308,10 +309,10 @@ def export_onnx(
             dynamic_shapes=(tuple(axes[key] for key in example),),
             opset_version=opset_version,
             optimize=optimize,
-            custom_translation_table={torch.ops.aten.sort.stable: stable_sort},
             verbose=False,
         )
     check_dynamic_axes(onnx_program.model, axes)
+    add_input_checks(onnx_program.model, model)
     onnx_program.save(str(path))
     if verify:
         differences = compare_with_onnxruntime(model, path)
@@ -325,7 +326,7 @@ def export_onnx(
 
 
 # Loggers whose notices during an export say nothing about the model: that torchvision's operators are not
-# registered (when the exporter builds its registry), and that the constant folder skips TopK (the padding sort).
+# registered (when the exporter builds its registry), and the constant folder's notes on nodes it does not fold.
 QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript.optimizer._constant_folding")
 
 
@@ -356,6 +357,50 @@ def check_dynamic_axes(model, axes: dict[str, dict[int, str]]) -> None:
                 raise RuntimeError(f"axis {axis} of input {value.name} should be the dynamic axis {name!r}, got {dim}")
 
 
+def add_input_checks(graph_model, model: nn.Module) -> None:
+    """Give the graph ``graph_model`` (an ``onnx_ir`` model) the PyTorch model's checks of its integer inputs
+    (:func:`input_rules`) and of the length, and store the rules in its metadata for :func:`run_onnxruntime`.
+
+    ONNX has no assertion, so each check is a ``Gather`` from a one-element tensor at index 0 when the inputs
+    satisfy the rule and 1 when they do not, a node named by the rule: ONNX Runtime stops there with "... running
+    Gather node. Name:'<rule>' ... out of data bounds" before anything reads the input, instead of reading an
+    additive mask inverted, a mask of 2 as 1, or an id of -1 as the embedding's last row. Each checked input
+    reaches the rest of the graph plus that Gather's 0, so every node that reads it waits for its check."""
+    import onnx_ir as ir
+
+    graph = graph_model.graph
+    tape = ir.tape.Tape(graph)
+
+    def constant(value) -> ir.Value:
+        return tape.op("Constant", [], attributes={"value": ir.tensor(np.asarray(value, dtype=np.int64))})
+
+    def check(ok: ir.Value, rule: str) -> ir.Value:
+        """0 (int64) where ``ok`` is true; a failing Gather named ``rule`` where it is false."""
+        index = tape.op("Cast", [tape.op("Not", [ok])], attributes={"to": ir.DataType.INT64})
+        return tape.op("Gather", [constant([0]), index], attributes={"axis": 0}, name=rule)
+
+    inputs = {value.name: value for value in graph.inputs}
+    rules = input_rules(model)
+    for name, (low, high, rule) in rules.items():
+        value = inputs[name]
+        uses = list(value.uses())
+        lowest = tape.op("ReduceMin", [value], attributes={"keepdims": 0})
+        highest = tape.op("ReduceMax", [value], attributes={"keepdims": 0})
+        ok = tape.op("And", [tape.op("GreaterOrEqual", [lowest, constant(low)]),
+                             tape.op("Less", [highest, constant(high)])])  # fmt: skip
+        zero = check(ok, rule)
+        if name == "attention_mask":  # every text model and operator has one, with the length as its last axis
+            length = tape.op("Gather", [tape.op("Shape", [value]), constant(-1)], attributes={"axis": 0})
+            within = tape.op("And", [tape.op("GreaterOrEqual", [length, constant(1)]),
+                                     tape.op("LessOrEqual", [length, constant(max_length(model))])])  # fmt: skip
+            zero = tape.op("Add", [zero, check(within, length_rule(max_length(model)))])
+        checked = tape.op("Add", [value, zero])
+        for node, index in uses:
+            node.replace_input_with(index, checked)
+    graph.sort()
+    graph_model.metadata_props[RULES_KEY] = json.dumps({"rules": rules, "max_length": max_length(model)})
+
+
 # ---------------------------------------------------------------------------------------------
 # ONNX Runtime
 # ---------------------------------------------------------------------------------------------
@@ -373,11 +418,45 @@ def onnxruntime_session(path: str | os.PathLike, threads: int | None = None):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+# ONNX Runtime's names of the graph's input types.
+ONNX_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+
+
 def run_onnxruntime(session, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The session's outputs, by name, for inputs given as tensors by name."""
+    """The session's outputs, by name, for inputs given as tensors by name.
+
+    The inputs are checked first as the PyTorch model checks them, with a ValueError naming the input and the
+    values: every input of the graph given and no other, text inputs of one shape, the length within the transform
+    length, and the values of masks, ids and token types within their rules (:func:`input_rules`, stored in the
+    file by :func:`export_onnx`). Then they take the graph's dtypes, so that a bool or float mask and int32 ids run
+    as in PyTorch."""
+    expected = {value.name: value for value in session.get_inputs()}
+    missing, unknown = sorted(set(expected) - set(inputs)), sorted(set(inputs) - set(expected))
+    if missing or unknown:
+        raise ValueError(f"the graph takes {list(expected)}: missing {missing}; unknown {unknown}")
+    arrays = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
+    metadata = json.loads(session.get_modelmeta().custom_metadata_map.get(RULES_KEY, '{"rules": {}}'))
+    rules = metadata["rules"]
+    shapes = {name: arrays[name].shape for name in rules if name != "attention_mask"}
+    if "attention_mask" in rules:
+        mask_shape = arrays["attention_mask"].shape
+        if any(shape != mask_shape for shape in shapes.values()):
+            others = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+            raise ValueError(f"attention_mask has shape {mask_shape}, {others}: they must be the same")
+        if not 1 <= mask_shape[-1] <= metadata["max_length"]:
+            raise ValueError(f"{length_rule(metadata['max_length'])}, got {mask_shape[-1]}")
+    for name, (low, high, rule) in rules.items():
+        values = arrays[name].astype(np.float64)
+        bad = values[~((values >= low) & (values < high) & (values == np.round(values)))]
+        if bad.size:
+            raise ValueError(f"{rule}, got values from {_number(bad.min())} to {_number(bad.max())}")
+    feed = {name: array.astype(ONNX_DTYPES.get(expected[name].type, array.dtype)) for name, array in arrays.items()}
     names = [output.name for output in session.get_outputs()]
-    feed = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
     return {name: torch.from_numpy(array) for name, array in zip(names, session.run(names, feed))}
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def compare_with_onnxruntime(

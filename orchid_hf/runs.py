@@ -21,7 +21,7 @@ import torch
 from transformers import TrainingArguments, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
-from .arguments import ParsedArguments, RecipeArguments
+from .arguments import ParsedArguments
 from .hub import HubUnavailableError, hub_offline, is_local_path
 from .optimization import resolve_optimizer
 
@@ -37,8 +37,8 @@ def start_run(parsed: ParsedArguments, default_stages: Sequence[str] = ("do_trai
     unchanged) with the stages resolved (:func:`resolve_stages`) and the optimizer settings applied
     (:func:`orchid_hf.optimization.resolve_optimizer`); an offline ``--push_to_hub`` stopped; ``--threads`` and the
     seed set. Returns ``(training_args, optimizer plan)``."""
-    training_args = copy.copy(next(value for value in parsed if isinstance(value, TrainingArguments)))
-    recipe_args = next(value for value in parsed if isinstance(value, RecipeArguments))
+    training_args = copy.copy(parsed.training_args)
+    recipe_args = parsed.recipe_args
     resolve_stages(training_args, parsed.explicit, default_stages)
     plan = resolve_optimizer(training_args, recipe_args, parsed.explicit)
     check_push(training_args)

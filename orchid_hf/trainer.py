@@ -44,8 +44,8 @@ class RecipeTrainer(Trainer):
 
     - ``optimizer_plan.filter_learning_rate`` set: the implicit-filter parameters of an Orchid model form a third
       parameter group (after Trainer's decayed and undecayed groups) with their own peak learning rate and weight
-      decay, as M2-BERT trains its filters. The schedule scales every group by the same factor. Models without
-      such parameters (BERT, ViT) keep Trainer's two groups.
+      decay, as M2-BERT and the authors' layer give the filters a group of their own. The schedule scales every
+      group by the same factor. Models without such parameters (BERT, ViT) keep Trainer's two groups.
     - ``card_writer``: writes ``README.md`` in place of Trainer's generic card, also when ``push_to_hub`` does.
     - every log entry of a training run (losses, evaluations) carries ``train_seconds`` (:class:`TrainingClock`).
     """

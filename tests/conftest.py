@@ -7,6 +7,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# The markers transformers' common model tests carry (tests/test_transformers_common.py runs them).
+TRANSFORMERS_MARKERS = (
+    "accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "is_agent_test",
+    "is_expert_parallel_test", "is_fsdp_test", "is_pipeline_test", "is_staging_test", "is_tensor_parallel_test",
+    "is_training_test", "order", "torch_compile_test",
+)
+
+
+def pytest_configure(config):
+    for marker in TRANSFORMERS_MARKERS:
+        config.addinivalue_line("markers", f"{marker}: a marker of transformers' common model tests")
+
 
 @pytest.fixture(autouse=True)
 def _seed():

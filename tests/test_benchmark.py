@@ -568,8 +568,9 @@ def test_the_settings_are_written_to_the_json_with_the_fields_readers_expect():
     config = quick_settings("--parts", "model,train", "--model-shapes", "2x16").to_json()
     assert set(config) == {
         "quick", "parts", "hidden", "heads", "lengths", "modes", "model_modes", "operator_impls", "model_impls",
-        "model_shapes", "train_shapes", "train_checkpointing", "layers", "profile_shapes", "profile_train_shapes",
-        "activation_shapes", "thread_scaling_shapes", "flop_shapes", "repeats", "min_repeats", "point_budget_s",
+        "model_shapes", "train_shapes", "train_checkpointing", "compiled", "layers", "profile_shapes",
+        "profile_train_shapes", "activation_shapes", "thread_scaling_shapes", "flop_shapes", "repeats", "min_repeats",
+        "point_budget_s",
         "max_call_s", "threads", "rss", "device", "dtype", "reference", "exponent_range", "memory_length",
     }
     assert config["operator_impls"] == ["orchid", "orchid_optimized", "attention_sdpa", "attention_math"]
@@ -654,3 +655,53 @@ def test_sdpa_on_the_cpu_is_counted_as_its_gpu_kernels_are():
     # Backward: the scores recomputed, the gradients of v, of the scores, of q and of k: five products of the size of
     # each of the forward's two.
     assert counter.get_total_flops() == forward + 5 * forward // 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The small-model step and the cost of lengths (scripts/small_step.py, scripts/lengths_benchmark.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_small_step_benchmark_times_every_model_against_its_baseline(tmp_path):
+    from benchmarks import small_step
+
+    result = small_step.main(["--repeats", "2", "--warmup", "1", "--out-dir", str(tmp_path), "--tag", "t"])
+    rows = {(row["task"], row["model"]): row for row in result["rows"]}
+    assert set(rows) == {("image", "Orchid"), ("image", "ViTForImageClassification"), ("text", "Orchid"),
+                         ("text", "BertForMaskedLM (SDPA)")}
+    assert all(len(row["times_s"]) == 2 and row["median_s"] > 0 for row in rows.values())
+    assert rows["image", "ViTForImageClassification"]["speed_up"] == 1.0
+    assert "| image | Orchid |" in (tmp_path / "small_step_t.md").read_text()
+
+
+def test_the_lengths_benchmark_at_toy_sizes(tmp_path, monkeypatch):
+    from benchmarks import lengths
+
+    monkeypatch.setattr(lengths, "HIDDEN", 32)
+    monkeypatch.setattr(lengths, "HEADS", 2)
+    monkeypatch.setattr(lengths, "INTERMEDIATE", 64)
+    monkeypatch.setattr(lengths, "VOCAB", 50)
+    monkeypatch.setattr(lengths, "SHORT_POSITIONS", (128, 512))
+    monkeypatch.setattr(lengths, "MIXED_POSITIONS", 512)
+    monkeypatch.setattr(lengths, "MIXED_RANGE", (16, 512))
+    monkeypatch.setattr(lengths, "orchid_model", lambda positions, layers: _tiny_orchid(positions, layers))
+    result = lengths.main(["--layers", "1", "--repeats", "1", "--sequences", "6", "--batch", "3",
+                           "--out-dir", str(tmp_path)])
+    short = [row for row in result["rows"] if row["part"] == "short"]
+    assert [(row["model"], row["positions"]) for row in short] == [
+        ("Orchid", 128), ("Orchid", 512), ("BERT (SDPA)", 128), ("BERT (SDPA)", 512)]
+    assert all(row["ratio_to_128"] > 0 for row in short) and short[0]["ratio_to_128"] == 1.0
+    mixed = [row for row in result["rows"] if row["part"] == "mixed"]
+    assert mixed[0]["tokens"] == mixed[1]["tokens"] > 0 and mixed[0]["throughput_ratio"] > 0
+    assert all(row["peak_bytes"] > 0 for row in mixed)
+    batches = lengths.mixed_workload(6, 3)
+    assert [tuple(b["input_ids"].shape)[0] for b in batches] == [3, 3]
+    assert all(16 <= int(n) <= 512 for b in batches for n in b["attention_mask"].sum(1))
+
+
+def _tiny_orchid(positions: int, layers: int):
+    from orchid_hf import OrchidConfig, OrchidModel
+
+    config = OrchidConfig(vocab_size=50, hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
+                          max_position_embeddings=positions, filter_width=16)
+    return OrchidModel(config).eval()

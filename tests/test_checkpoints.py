@@ -13,6 +13,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import ViTImageProcessor, pipeline
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging as transformers_logging
 
 from orchid_hf import (
     OrchidForImageClassification,
@@ -156,13 +158,18 @@ def test_truncated_checkpoint_raises(saved_heads, tmp_path):
         OrchidForMaskedLM.from_pretrained(folder)
 
 
-def test_checkpoint_missing_an_encoder_weight_raises_instead_of_half_loading(saved_heads, tmp_path):
+def test_checkpoint_missing_an_encoder_weight_is_reported_as_transformers_reports_it(saved_heads, tmp_path):
+    """As for transformers' own models: the weight is initialised, listed in missing_keys and named in a warning."""
     folder = copy_checkpoint(saved_heads / "sequence", tmp_path / "missing")
     weights = load_file(str(folder / "model.safetensors"))
     del weights["orchid.encoder.layer.1.mixer.out_proj.weight"]
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"lacks 1 weight\(s\) of the Orchid encoder.*layer.1.mixer.out_proj"):
-        OrchidForSequenceClassification.from_pretrained(folder)
+    logger = transformers_logging.get_logger("transformers.modeling_utils")
+    with CaptureLogger(logger) as captured:
+        model, info = OrchidForSequenceClassification.from_pretrained(folder, output_loading_info=True)
+    assert info["missing_keys"] == {"orchid.encoder.layer.1.mixer.out_proj.weight"}
+    assert "orchid.encoder.layer.1.mixer.out_proj.weight" in captured.out
+    assert torch.isfinite(model.orchid.encoder.layer[1].mixer.out_proj.weight).all()
 
 
 def test_checkpoint_with_a_wrong_shape_raises(saved_heads, tmp_path):

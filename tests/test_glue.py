@@ -10,7 +10,9 @@ from datasets import Dataset
 
 from experiments.synthetic_text import make_corpus
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
-from orchid_hf.glue import encode_labels, glue_average, load_glue_task, main, results_markdown, task_score
+from orchid_hf.glue import main
+from orchid_hf.glue_data import encode_labels, load_glue_task
+from orchid_hf.glue_tasks import glue_average, results_markdown, task_score
 from orchid_hf.hub import HubUnavailableError
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 

@@ -206,3 +206,43 @@ def test_push_and_pull_round_trip(text_model, tmp_path, monkeypatch, hf_modules_
     assert done.returncode == 0, done.stderr[-2000:]
     remote_logits = torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]))
     assert torch.allclose(remote_logits, expected_logits, atol=1e-6)
+
+
+def test_a_sentence_transformers_folder_is_pushed_whole_and_loads_as_it_was_saved(tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    from orchid_hf import OrchidModel
+    from orchid_hf.embeddings import sentence_transformer
+
+    tokenizer = train_wordpiece_tokenizer(make_corpus(100), vocab_size=200)
+    config = OrchidConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                          max_position_embeddings=32, filter_width=16)  # fmt: skip
+    torch.manual_seed(0)
+    embedder = sentence_transformer(OrchidModel(config).eval(), tokenizer, pooling="max", normalize=True)
+    # A module of another kind with weights of its own, in its own folder: a Dense layer before the normalisation.
+    embedder = SentenceTransformer(modules=[*list(embedder)[:2], Dense(32, 8), embedder[2]], device="cpu")
+    folder = tmp_path / "embedder"
+    embedder.save(str(folder))
+    write_model_card(folder, task="sentence-similarity", repo_id="me/orchid-embedder")
+    (folder / "checkpoint-10").mkdir()
+    (folder / "checkpoint-10" / "optimizer.pt").write_bytes(b"x")
+    expected = embedder.encode(SENTENCES, convert_to_tensor=True)
+
+    hub = FakeHub(tmp_path / "hub")
+    push_to_hub(folder, "me/orchid-embedder", api=hub)
+    uploaded = tmp_path / "hub" / "me" / "orchid-embedder"
+    files = {path.relative_to(uploaded).as_posix() for path in uploaded.rglob("*") if path.is_file()}
+    assert {"modules.json", "config_sentence_transformers.json", "sentence_bert_config.json", "1_Pooling/config.json",
+            "2_Dense/config.json", "2_Dense/model.safetensors", "3_Normalize/config.json"} <= files
+    assert not any(name.startswith("checkpoint-") for name in files)
+    loaded = SentenceTransformer(str(uploaded), device="cpu")
+    assert [type(module).__name__ for module in loaded] == ["Transformer", "Pooling", "Dense", "Normalize"]
+    assert loaded[1].get_config_dict()["pooling_mode"] == "max"
+    torch.testing.assert_close(loaded.encode(SENTENCES, convert_to_tensor=True), expected, atol=0, rtol=0)
+    assert upload_file_list(uploaded) == sorted(files)  # what pull_from_hub checks
+
+    # A module folder that modules.json names but the folder lacks is named.
+    shutil.rmtree(folder / "1_Pooling")
+    with pytest.raises(ValueError, match=r"cannot be pushed, it lacks: 1_Pooling/ \(module 1 of modules.json"):
+        push_to_hub(folder, "me/x", api=object())

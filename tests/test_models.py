@@ -378,22 +378,22 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])
-def test_feed_forward_in_token_chunks_gives_the_outputs_and_gradients_of_one_pass(pre_norm):
-    # Everything after the mixer acts on each token alone: runs of 7 tokens (the last one shorter) change nothing.
+def test_feed_forward_chunks_give_the_outputs_and_gradients_of_all_tokens_at_once(pre_norm):
     torch.manual_seed(0)
     whole = OrchidForMaskedLM(tiny_text_config(pre_norm=pre_norm, chunk_size_feed_forward=0))
     chunked = OrchidForMaskedLM(tiny_text_config(pre_norm=pre_norm, chunk_size_feed_forward=7))
     chunked.load_state_dict(whole.state_dict())
-    ids = torch.randint(5, 97, (3, 11))
-    outputs = [model(ids, labels=ids) for model in (whole, chunked)]
-    torch.testing.assert_close(outputs[1].logits, outputs[0].logits, atol=1e-6, rtol=0)
+    calls = []
+    chunked.orchid.encoder.layer[0].mlp.register_forward_hook(lambda module, args, output: calls.append(len(output)))
+    ids = torch.randint(5, 97, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, :6] = 0  # left padding
+    labels = torch.where(torch.rand(3, 20) < 0.3, ids, -100)
+    outputs = [model(input_ids=ids, attention_mask=mask, labels=labels) for model in (whole, chunked)]
+    assert calls == [7] * 8 + [4]  # 60 tokens in runs of 7, each through the MLP
+    torch.testing.assert_close(outputs[1].logits, outputs[0].logits, atol=1e-6, rtol=1e-6)
     for output in outputs:
         output.loss.backward()
     for (name, a), b in zip(whole.named_parameters(), chunked.parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
-    calls = []
-    chunked.orchid.encoder.layer[0].mlp.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
-    chunked(ids)
-    assert calls == [(7, 32)] * 4 + [(5, 32)]  # the MLP is called once per run of tokens
-    with pytest.raises(ValueError, match=r"chunk_size_feed_forward must be a non-negative integer"):
-        tiny_text_config(chunk_size_feed_forward=-1)
+    assert OrchidConfig().chunk_size_feed_forward == 1024

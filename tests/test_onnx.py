@@ -4,6 +4,8 @@ compared with PyTorch; the DCT and FFT as the graph's DFT operators; and the cle
 quantised model, another dtype, a missing extra)."""
 
 import importlib.util
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -96,7 +98,7 @@ def test_onnx_runtime_gives_pytorchs_outputs_on_padded_batches_of_any_shape(expo
 @pytest.mark.slow
 @needs_onnxruntime
 @pytest.mark.parametrize("transform", ["dct", "fft"])
-def test_the_graph_has_dynamic_batch_and_length_and_runs_its_transforms_as_dft(exported, transform, tmp_path):
+def test_the_graph_has_dynamic_batch_and_length_and_its_transforms(exported, transform, tmp_path):
     import onnx
     import onnxruntime
 
@@ -114,13 +116,15 @@ def test_the_graph_has_dynamic_batch_and_length_and_runs_its_transforms_as_dft(e
     assert {value.name: dims(value) for value in proto.graph.output} == {"last_hidden_state": ["batch", "length", 32]}
     # Per layer: the conditioning network's transform, a forward and an inverse transform for each of the two long
     # convolutions, and the static filters' spectra, which depend on the weights only: ONNX Runtime folds those into
-    # constants when it loads the graph (onnxscript's optimizer leaves them, as their inputs are large).
-    assert [node.op_type for node in proto.graph.node].count("DFT") == 2 * (5 + 2)
+    # constants when it loads the graph (onnxscript's optimizer leaves them, as their inputs are large). The DCT of
+    # these 64 points is a product with its matrix (MATRIX_DCT_MAX_LENGTH), no DFT.
+    transforms = 0 if transform == "dct" else 2
+    assert [node.op_type for node in proto.graph.node].count("DFT") == transforms * (5 + 2)
     loaded = tmp_path / "loaded.onnx"
     options = onnxruntime.SessionOptions()
     options.optimized_model_filepath = str(loaded)
     onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    assert [node.op_type for node in onnx.load(str(loaded)).graph.node].count("DFT") == 2 * 5
+    assert [node.op_type for node in onnx.load(str(loaded)).graph.node].count("DFT") == transforms * 5
 
 
 @pytest.mark.slow
@@ -140,16 +144,82 @@ def test_an_image_classifier_exports_with_a_dynamic_batch(tmp_path):
     assert torch.allclose(run_onnxruntime(session, inputs)["logits"], expected, atol=ATOL)
 
 
+def set_first(tensor: torch.Tensor, value) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor[0, 1] = value
+    return tensor
+
+
+# Inputs the PyTorch model refuses: (input, edit, the rule, the values the runner's error names).
+BAD_INPUTS = {
+    "additive mask": ("attention_mask", lambda mask: (1 - mask) * -10000, "attention_mask must hold 1 for real "
+                      "tokens and 0 for padding", "from -10000 to -10000"),
+    "mask of 2": ("attention_mask", lambda mask: mask * 2, "attention_mask must hold 1", "from 2 to 2"),
+    "input id -1": ("input_ids", lambda ids: set_first(ids, -1), "input_ids must lie in [0, vocab_size=97)",
+                    "from -1 to -1"),
+    "input id 97": ("input_ids", lambda ids: set_first(ids, 97), "input_ids must lie in [0, vocab_size=97)",
+                    "from 97 to 97"),
+    "token type -1": ("token_type_ids", lambda types: set_first(types, -1),
+                      "token_type_ids must lie in [0, type_vocab_size=2)", "from -1 to -1"),
+    "token type 2": ("token_type_ids", lambda types: set_first(types, 2),
+                     "token_type_ids must lie in [0, type_vocab_size=2)", "from 2 to 2"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@needs_onnxruntime
+def test_the_graph_and_the_runner_refuse_the_inputs_pytorch_refuses(exported):
+    import onnxruntime
+
+    model, path = exported("dct", OrchidForSequenceClassification)
+    direct = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(path)
+    good = example_inputs(model, 2, 8)
+    for case, (field, edit, rule, values) in BAD_INPUTS.items():
+        inputs = {**good, field: edit(good[field])}
+        with pytest.raises(ValueError, match=re.escape(rule.split(" [")[0])):
+            model(**inputs)  # PyTorch's own check
+        with pytest.raises(ValueError, match=rf"{re.escape(rule)}.*got values {values}"):
+            run_onnxruntime(session, inputs)
+        # onnxruntime called directly: the graph stops in the node named by the rule, instead of reading the
+        # additive mask inverted, 2 as 1, or -1 as the last row of the embedding.
+        with pytest.raises(Exception, match=re.escape(rule)) as error:
+            direct.run(None, {name: tensor.numpy() for name, tensor in inputs.items()})
+        assert "out of data bounds" in str(error.value), case
+
+    # The runner takes what PyTorch takes (a float or bool mask, int32 ids) and gives PyTorch's outputs.
+    with torch.no_grad():
+        expected = model(**good).logits
+    for name, dtype in (("attention_mask", torch.float32), ("attention_mask", torch.bool), ("input_ids", torch.int32)):
+        outputs = run_onnxruntime(session, {**good, name: good[name].to(dtype)})
+        torch.testing.assert_close(outputs["logits"], expected, atol=ATOL, rtol=0)
+    with pytest.raises(Exception, match=r"Unexpected input data type"):  # ONNX Runtime's own dtype check
+        direct.run(None, {name: tensor.numpy().astype("float32") for name, tensor in good.items()})
+    half = {**good, "attention_mask": good["attention_mask"] * 0.5}
+    with pytest.raises(ValueError, match=r"attention_mask must hold 1 .* got values from 0.5 to 0.5"):
+        run_onnxruntime(session, half)
+    # Shapes: a length past the transform's, inputs of different shapes, a missing or unknown input.
+    long = example_inputs(model, 1, MAX_LENGTH + 1)
+    with pytest.raises(ValueError, match=rf"length must lie in \[1, max_sequence_length={MAX_LENGTH}\], got 65"):
+        run_onnxruntime(session, long)
+    with pytest.raises(Exception, match=rf"length must lie in \[1, max_sequence_length={MAX_LENGTH}\]"):
+        direct.run(None, {name: tensor.numpy() for name, tensor in long.items()})
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 8\), input_ids \(2, 8\)"):
+        run_onnxruntime(session, {**good, "attention_mask": good["attention_mask"][:1]})
+    with pytest.raises(ValueError, match=r"missing \['token_type_ids'\]; unknown \['labels'\]"):
+        run_onnxruntime(session, {"input_ids": good["input_ids"], "attention_mask": good["attention_mask"],
+                                  "labels": torch.zeros(2, dtype=torch.long)})  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # What is refused, and why
 # ---------------------------------------------------------------------------------------------
 
 
-def test_an_optimised_copy_is_refused_with_the_plain_model_to_export(tmp_path):
-    fast = optimize_for_inference(OrchidModel(text_config("dct")))
-    with pytest.raises(ValueError, match=r"made by optimize_for_inference.*export the plain model"):
-        export_onnx(fast, tmp_path / "fast.onnx")
-    assert not (tmp_path / "fast.onnx").exists()
+def test_the_folded_copy_exports_with_the_outputs_of_the_plain_model(tmp_path):
+    model = OrchidModel(text_config("dct")).eval()
+    path = export_onnx(optimize_for_inference(model), tmp_path / "fast.onnx")
+    assert max(compare_with_onnxruntime(model, path).values()) < 1e-4
 
 
 def test_other_dtypes_quantised_layers_and_other_models_are_refused_by_name(tmp_path):
@@ -164,6 +234,32 @@ def test_other_dtypes_quantised_layers_and_other_models_are_refused_by_name(tmp_
     with pytest.raises(ValueError, match=r"path must end in .onnx, got '.*model.pt'"):
         export_onnx(OrchidModel(text_config("fft")), tmp_path / "model.pt")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_folder_of_another_model_type_or_a_foreign_architecture_is_refused_by_name(tmp_path, capsys):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = tmp_path / "bert"
+    BertForSequenceClassification(
+        BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(bert)
+    message = r"exports Orchid models; .*bert holds a 'bert' model \(BertForSequenceClassification\).*optimum"
+    with pytest.raises(ValueError, match=message):
+        export_onnx(bert, tmp_path / "bert.onnx")
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stop:
+        patch.setattr(sys, "argv", ["export_onnx.py", str(bert), str(tmp_path / "bert.onnx")])
+        run_cli(load_script().main)
+    assert stop.value.code == 1 and "holds a 'bert' model" in capsys.readouterr().err
+    # An Orchid config whose architectures name a function of the package, or a class it does not have.
+    for name in ("push_to_hub", "OrchidForCausalLM"):
+        folder = tmp_path / name
+        OrchidForSequenceClassification(text_config("dct")).save_pretrained(folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": [name]}))
+        with pytest.raises(ValueError, match=rf"architectures names \['{name}'\], none of the classes export_onnx "
+                                             r"exports \(OrchidModel, OrchidForMaskedLM, "):
+            export_onnx(folder, tmp_path / "model.onnx")
+    assert not list(tmp_path.glob("*.onnx"))
 
 
 @pytest.mark.parametrize("module", ["onnx", "onnxscript", "onnxruntime"])
@@ -209,3 +305,31 @@ def test_the_operator_traces_one_graph_for_every_length_up_to_the_transform_leng
         with torch.no_grad():
             expected = op(x, mask)
         torch.testing.assert_close(program.module()(x, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@needs_onnxruntime
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_the_model_exports_as_it_is_with_torch_onnx_export(transform, tmp_path):
+    """As users of transformers' models export them: torch.onnx.export of the model itself, with a dynamic batch and
+    length, runs in ONNX Runtime with PyTorch's outputs on padded batches of other shapes than the example."""
+    import onnxruntime
+
+    torch.manual_seed(0)
+    model = OrchidModel(text_config(transform)).eval()
+    inputs = example_inputs(model, 2, 16)
+    batch, length = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2, max=MAX_LENGTH)
+    axes = {0: batch, 1: length}
+    program = torch.onnx.export(
+        model, (inputs["input_ids"], inputs["attention_mask"]), dynamo=True,
+        input_names=["input_ids", "attention_mask"], dynamic_shapes=(axes, axes),
+    )
+    program.save(str(tmp_path / "model.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    for shape in [(3, MAX_LENGTH), (4, 23)]:
+        other = example_inputs(model, *shape, torch.Generator().manual_seed(1))
+        feed = {name: other[name].numpy() for name in ("input_ids", "attention_mask")}
+        with torch.no_grad():
+            expected = model(input_ids=other["input_ids"], attention_mask=other["attention_mask"]).last_hidden_state
+        got = torch.from_numpy(session.run(None, feed)[0])
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)

@@ -15,13 +15,16 @@ from orchid_hf import BlockDiagonalLinear, OrchidOperator
 LENGTHS = [1, 2, 3, 5, 8, 17, 64, 100, 128, 129]
 
 
-@pytest.fixture(params=["pocketfft DCT", "torch DCT"])
+@pytest.fixture(params=["matrix DCT", "pocketfft DCT", "torch DCT"])
 def dct_backend(request, monkeypatch):
-    """The DCT through pocketfft, as on the CPU, and through torch's real FFT (Makhoul's algorithm), as on a GPU or
-    without SciPy: every test that computes a DCT runs with both (``both_dct_backends``)."""
+    """The DCT as a product with its matrix, as at short transform lengths; through pocketfft, as on the CPU at longer
+    ones; and through torch's real FFT (Makhoul's algorithm), as on a GPU or without SciPy: every test that computes
+    a DCT runs with each (``both_dct_backends``)."""
+    if request.param != "matrix DCT":
+        monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
     if request.param == "torch DCT":
         monkeypatch.setattr(orchid_ops, "scipy_fft", None)
-    assert orchid_ops.uses_pocketfft(torch.zeros(1)) == (request.param == "pocketfft DCT")
+    assert orchid_ops.uses_pocketfft(torch.zeros(1)) == (request.param != "torch DCT")
     return request.param
 
 
@@ -79,7 +82,9 @@ def test_dct_matches_scipy_and_inverse_round_trips(n, dtype):
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_the_dct_of_an_exported_graph_matches_scipy_along_any_axis(n, monkeypatch):
-    # Traced by torch.export (ONNX), the DCT takes its real-arithmetic form (_dct_in_graph, _idct_in_graph).
+    # Traced by torch.export (ONNX), the DCT beyond the matrix lengths takes its real-arithmetic form (_dct_in_graph,
+    # _idct_in_graph).
+    monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
     monkeypatch.setattr(orchid_ops, "scipy_fft", None)
     monkeypatch.setattr(orchid_ops, "is_exporting", lambda: True)
     for name in ("_dct_by_fft", "_idct_by_fft"):  # not reached
@@ -233,7 +238,6 @@ def test_the_envelope_is_computed_when_needed_and_no_buffer_is_as_large_as_the_k
     # The formula in float32, as the model computes it: the same values to the last bit.
     expected = torch.exp(-lags.abs()[:, None] / length * rates)
     torch.testing.assert_close(long_filter.envelope(), expected, rtol=0, atol=0)
-    torch.testing.assert_close(long_filter.envelope(slice(2, 4)), long_filter.envelope()[:, 2:4], rtol=0, atol=0)
     assert all(buffer.numel() < length * channels for buffer in long_filter.buffers())
 
 
@@ -365,41 +369,6 @@ def reference_dct_operator(op: OrchidOperator, x: torch.Tensor) -> np.ndarray:
     residual = direct_symmetric_convolution(padded, to_np(op.residual_filter()).T)[:, :length]
     y = y + residual + to_np(op.residual_filter.skip)[:, None] * xs
     return (to_np(op.out_proj.weight) @ y + to_np(op.out_proj.bias)[:, None]).T
-
-
-@both_dct_backends
-@pytest.mark.parametrize("transform", ["dct", "fft"])
-@pytest.mark.parametrize("conditioning,activation", [("abs", "identity"), ("xcorr", "identity"), ("xcorr", "tanh")])
-def test_channel_groups_without_autograd_give_the_outputs_of_all_channels_at_once(
-    transform, conditioning, activation, monkeypatch
-):
-    """Calls that record no autograd graph mix long inputs a group of channels at a time; calls under autograd (every
-    other test here) mix all channels at once. Both give the same outputs: padding on either side, cross-conditioning
-    with its own mask, data-dependent or static kernel."""
-    torch.manual_seed(0)
-    x, u = torch.randn(3, 12, 6, dtype=torch.float64), torch.randn(3, 16, 6, dtype=torch.float64)
-    mask = torch.ones(3, 12)
-    mask[1, 9:] = 0  # right padding
-    mask[2, :4] = 0  # left padding
-    u_mask = torch.ones(3, 16)
-    u_mask[0, 10:] = 0
-    for data_dependent in (True, False):
-        op = OrchidOperator(6, 16, transform=transform, conditioning=conditioning, conditioning_activation=activation,
-                            data_dependent=data_dependent).double()
-        calls = [{}, {"attention_mask": mask}]
-        if data_dependent:
-            calls.append({"attention_mask": mask, "conditioning_input": u, "conditioning_mask": u_mask})
-        for kwargs in calls:
-            monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 2**19)
-            monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 32)
-            together = op(x, **kwargs)
-            assert together.requires_grad  # under autograd
-            monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 1)
-            monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 1)
-            assert len(orchid_ops.channel_groups(6, 3 * 16)) == 6  # one channel per group
-            with torch.no_grad():
-                grouped = op(x, **kwargs)
-            torch.testing.assert_close(grouped, together.detach(), rtol=0, atol=1e-12)
 
 
 @both_dct_backends
@@ -551,23 +520,6 @@ def test_non_finite_values_at_padded_positions_never_reach_real_tokens(value, si
     real.square().sum().backward()
     assert torch.isfinite(tokens.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in op.parameters())
-
-
-def test_channel_groups_cover_every_channel_once(monkeypatch):
-    assert orchid_ops.channel_groups(13, tokens=64) == [slice(None)]
-    monkeypatch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 1)
-    monkeypatch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 1)
-    assert orchid_ops.channel_groups(13, tokens=64) == [slice(i, i + 1) for i in range(13)]
-    # At the defaults (2^19 numbers, at least 32 channels): all of orchid-bert-base's 768 channels at once at (8, 128),
-    # groups of 128 at (1, 4096) and of 32 at (1, 16384).
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(orchid_ops, "CHANNEL_GROUP_ELEMENTS", 2**19)
-        patch.setattr(orchid_ops, "MIN_CHANNEL_GROUP", 32)
-        assert orchid_ops.channel_groups(768, 8 * 128) == [slice(None)]
-        assert orchid_ops.channel_groups(768, 4096) == [slice(i, i + 128) for i in range(0, 768, 128)]
-        assert len(orchid_ops.channel_groups(768, 16384)) == 24
-        assert orchid_ops.channel_groups(130, 16384)[-1] == slice(128, 130)  # the last group narrower
-        assert orchid_ops.channel_groups(100, 16384) == [slice(None)]  # three groups would save little
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.long, torch.float32, torch.float16])
@@ -765,3 +717,26 @@ def test_block_diagonal_linear_rejects_indivisible_sizes():
         BlockDiagonalLinear(10, 8, num_blocks=4)
     with pytest.raises(ValueError, match=r"expected 12 input features, got 8"):
         BlockDiagonalLinear(12, 8, num_blocks=4)(torch.randn(2, 8))
+
+
+@both_dct_backends
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_without_autograd_a_long_input_is_mixed_a_block_of_channels_at_a_time_with_the_same_outputs(
+    transform, conditioning, monkeypatch
+):
+    # Blocks of 32 channels at this small size (a block holds 2 x 64 positions x 32 channels).
+    monkeypatch.setattr(orchid_ops, "CHANNEL_BLOCK_ELEMENTS", 2 * 64 * 32)
+    op = OrchidOperator(128, 64, transform=transform, conditioning=conditioning, conditioning_activation="tanh")
+    x = torch.randn(2, 64, 128)
+    mask = torch.ones(2, 64, dtype=torch.long)
+    mask[1, :10] = 0
+    calls = []
+    op.short_conv.register_forward_hook(lambda module, args, output: calls.append(output.shape[-1]))
+    whole = op(x, mask)  # under autograd: all channels at once
+    assert calls == [3 * 128]
+    calls.clear()
+    with torch.no_grad():
+        blocks = op(x, mask)
+    assert calls == [3 * 32] * 4
+    torch.testing.assert_close(blocks, whole.detach(), atol=0, rtol=0)

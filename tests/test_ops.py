@@ -1,10 +1,12 @@
 """Each fast operation of modeling/orchid_ops.py against its plain reference (``*_ref``, written as the paper defines
-it), in float64, on both DCT backends; and the rule that decides when a step may run again in backward."""
+it), in float64, on every DCT backend; and the order that puts the real tokens of padded rows first."""
 
 import pytest
 import torch
 from orchid_hf.modeling import orchid_ops
 from orchid_hf.modeling.orchid_ops import (
+    RowGroup,
+    SequenceLayout,
     dct,
     dct_ref,
     gated_long_convolution,
@@ -14,20 +16,22 @@ from orchid_hf.modeling.orchid_ops import (
     kernel_spectrum,
     long_convolution,
     long_convolution_ref,
-    observed,
+    packing_order,
     short_convolution,
     short_convolution_ref,
 )
-from torch import nn
 
 SHAPES = [(1, 1), (5, 5), (5, 8), (17, 32), (64, 64)]  # (length, transform length)
 
 
-@pytest.fixture(params=["pocketfft", "torch"])
+@pytest.fixture(params=["matrix", "pocketfft", "torch"])
 def backend(request, monkeypatch):
+    """The DCT's three ways: a product with its matrix (short transforms), pocketfft (the CPU), torch's real FFT."""
+    if request.param != "matrix":
+        monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
     if request.param == "torch":
         monkeypatch.setattr(orchid_ops, "scipy_fft", None)
-    assert orchid_ops.uses_pocketfft(torch.zeros(1, dtype=torch.float64)) == (request.param == "pocketfft")
+    assert orchid_ops.uses_pocketfft(torch.zeros(1, dtype=torch.float64)) == (request.param != "torch")
     return request.param
 
 
@@ -103,17 +107,40 @@ def test_short_convolution_equals_conv1d(wrap, kernel_size, length):
     )
 
 
-def test_observed_sees_module_hooks_on_submodules_and_global_hooks():
-    outer = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
-    assert not observed((outer, None))
-    for register in ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook"):
-        handle = getattr(outer[1][0], register)(lambda *args: None)
-        assert observed((None, outer))
-        handle.remove()
-    assert not observed((outer,))
-    handle = nn.modules.module.register_module_forward_hook(lambda *args: None)
-    try:
-        assert observed((outer,))
-    finally:
-        handle.remove()
-    assert not observed((outer,))
+@pytest.mark.parametrize("seed", range(5))
+def test_packing_order_is_a_stable_sort_of_the_padding_and_the_layout_round_trips(seed):
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(6, 11, generator=generator) < 0.6
+    mask[0] = True  # no padding
+    mask[1, 4:] = False  # right padding
+    mask[2, :7] = False  # left padding
+    expected = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices
+    assert torch.equal(packing_order(mask), expected)
+    layout = SequenceLayout.from_mask(mask.long(), (11,))
+    x = torch.randn(6, 11, 3, generator=generator)
+    packed = layout.pack(x)
+    for row in range(6):
+        count = int(mask[row].sum())
+        assert torch.equal(packed[row, :count], x[row][mask[row]])
+        assert torch.equal(layout.mask[row, :, 0], torch.arange(11) < count)
+    assert torch.equal(layout.unpack(packed), x)
+
+
+def test_a_layout_of_rows_padded_on_the_right_takes_no_order():
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    layout = SequenceLayout.from_mask(mask, (8,))
+    assert layout.order is None and torch.equal(layout.mask[..., 0], mask.bool())
+    assert SequenceLayout.from_mask(None, (8,), 8) == SequenceLayout(groups=(RowGroup(8, 8),))
+
+
+def test_a_first_transform_under_inference_mode_leaves_later_training_calls_working():
+    """The DCT matrices are kept between calls; one first made under torch.inference_mode() must serve autograd."""
+    orchid_ops._TRANSFORM_MATRICES.clear()
+    x = torch.randn(2, 24, 3)
+    with torch.inference_mode():
+        expected = dct(x, 1)
+    y = torch.randn(2, 24, 3, requires_grad=True)
+    dct(y, 1).square().sum().backward()
+    torch.testing.assert_close(dct(x, 1), expected)
+    assert y.grad is not None

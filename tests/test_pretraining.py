@@ -337,3 +337,25 @@ def test_config_name_takes_a_preset_or_a_config_file(corpus, tmp_path):
     assert run.trainer.model.config.hidden_size == 32 and run.trainer.model.config.model_type == "orchid"
     with pytest.raises(HubUnavailableError, match="Orchid presets: orchid-bert-base"):
         build_trainer(parse_args([*args, "--config_name", "orchid-bert-huge"]))
+
+
+@pytest.mark.slow
+def test_pretraining_from_a_checkpoint_at_longer_blocks_extends_its_context(corpus, tmp_path):
+    """--model_name_or_path with a --max_seq_length beyond the checkpoint's positions extends an Orchid model's
+    context and trains it at the new length."""
+    from orchid_hf import OrchidForMaskedLM
+
+    short = tmp_path / "short"
+    main(tiny_args(corpus, short, "--max_steps", "2", "--eval_strategy", "no", "--save_strategy", "no"))
+    longer = tmp_path / "longer"
+    results = main([
+        "--model_name_or_path", str(short), "--train_file", str(corpus / "train.txt"), "--max_seq_length", "96",
+        "--output_dir", str(longer), "--max_steps", "2", "--per_device_train_batch_size", "2", "--use_cpu",
+        "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "True",
+        "--cache_dir", str(tmp_path / "cache"),
+    ])  # fmt: skip
+    assert results["train"]["train_loss"] > 0
+    config = json.loads((longer / "config.json").read_text())
+    assert (config["max_position_embeddings"], config["transform_lengths"], config["filter_lag_scale"]) == (
+        96, [32, 96], 32)
+    assert OrchidForMaskedLM.from_pretrained(longer).get_position_embeddings().num_embeddings == 96

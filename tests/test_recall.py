@@ -2,6 +2,7 @@
 that the orchid-recall preset learns the task."""
 
 import importlib.util
+import itertools
 import json
 import math
 from collections import Counter
@@ -315,6 +316,17 @@ def test_a_results_page_draws_its_figures(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(fake_result()))
     render_page("<!-- generated figure run.json curves.png -->\n<!-- end generated -->\n", tmp_path, tmp_path)
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_training_ends_where_stop_says_with_a_last_evaluation():
+    # The GPU check gives each run a time budget this way (benchmarks/gpu.py).
+    config = RecallConfig(vocab_size=8, seq_len=16, hidden_size=16, steps=50, batch_size=4, eval_every=20,
+                          eval_size=8)  # fmt: skip
+    calls = itertools.count(1)
+    result = train(config, progress=False, device=torch.device("cpu"), stop=lambda: next(calls) >= 3)
+    assert result["steps_done"] == 3 and not result["finished"]
+    assert [point["step"] for point in result["curve"]] == [3]
+    assert 0 <= result["test_accuracy"] <= 1 and result["curve"][0]["train_loss"] > 0
 
 
 # Every flag of scripts/associative_recall.py, with a value other than its default, and what it must change.

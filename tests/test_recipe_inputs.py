@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from experiments.synthetic_text import make_corpus
-from orchid_hf import glue, pretraining
+from orchid_hf import glue, glue_data, pretraining
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.vision import main as train_image
 
@@ -118,7 +118,7 @@ def test_empty_text_cells_are_allowed_and_reported(tmp_path, caplog):
     path = _write(tmp_path / "train.csv", "sentence1,sentence2,label\nthe cat,sat,0\n,a dog,1\nthe mat,,0\n")
     args = glue.parse_args(["--train_file", str(path), "--cache_dir", str(tmp_path / "cache")])
     with caplog.at_level(logging.WARNING, logger="orchid_hf"):
-        data = glue.load_own_data(args.values[1], {"do_train"}, str(tmp_path / "cache"), None)
+        data = glue_data.load_own_data(args.data_args, {"do_train"}, str(tmp_path / "cache"), None)
     assert data.splits["train"]["sentence1"] == ["the cat", "", "the mat"]
     assert data.splits["train"]["sentence2"] == ["sat", "a dog", ""]
     assert f"{path}: 2 empty text cells (first: line 3, 'sentence1')" in caplog.text
@@ -126,7 +126,7 @@ def test_empty_text_cells_are_allowed_and_reported(tmp_path, caplog):
     path = _write(tmp_path / "blank.csv", "sentence,label\n,0\n,1\n")
     args = glue.parse_args(["--train_file", str(path), "--cache_dir", str(tmp_path / "cache")])
     with pytest.raises(ValueError, match=rf"train file {path}: the text column 'sentence' is empty in all 2 rows"):
-        glue.load_own_data(args.values[1], {"do_train"}, str(tmp_path / "cache"), None)
+        glue_data.load_own_data(args.data_args, {"do_train"}, str(tmp_path / "cache"), None)
 
 
 def test_text_column_of_numbers_is_an_error(tmp_path, tokenizer_dir):
@@ -134,6 +134,27 @@ def test_text_column_of_numbers_is_an_error(tmp_path, tokenizer_dir):
     dev = _jsonl(tmp_path / "dev.jsonl", [{"sentence": "a", "label": 0}])
     with pytest.raises(ValueError, match=rf"train file {path}: the text column 'sentence' holds int64 values"):
         _own(tmp_path, tokenizer_dir, path, dev, "--text_column_names", "sentence")
+
+
+@pytest.mark.parametrize(
+    "column, values, found",
+    [
+        ("label", [1, "1"], r"integer \(line 1\), string \(line 2\)"),
+        ("label", [0, 1, [1]], r"integer \(line 1\), list \(line 3\)"),
+        ("sentence", ["a b", 3], r"string \(line 1\), integer \(line 2\)"),
+        ("label", [[1], [0]], None),
+        ("label", [{"x": 1}, {"x": 0}], None),
+        ("sentence", [["a"], ["b"]], None),
+    ],
+)
+def test_a_json_column_of_mixed_types_lists_or_records_is_named(tmp_path, tokenizer_dir, column, values, found):
+    rows = [{"sentence": "a b", "label": 0, column: value} for value in values]
+    path = _jsonl(tmp_path / "train.jsonl", rows)
+    dev = _jsonl(tmp_path / "dev.jsonl", [{"sentence": "a", "label": 0}])
+    what = "label" if column == "label" else "text"
+    problem = rf"mixes JSON types: {found}" if found else rf"holds (List|{{).* values, not one {what} per row"
+    with pytest.raises(ValueError, match=rf"train file {path}: the {what} column '{column}' {problem}"):
+        _own(tmp_path, tokenizer_dir, path, dev)
 
 
 def test_validation_and_test_files_are_checked_too(tmp_path, tokenizer_dir):
@@ -151,7 +172,7 @@ def test_validation_and_test_files_are_checked_too(tmp_path, tokenizer_dir):
     # A test file needs no labels: an empty label cell there is no error (the column is dropped).
     test = _write(tmp_path / "test.csv", "sentence,label\nthe cat,\n")
     args = glue.parse_args(["--train_file", str(train), "--test_file", str(test)])
-    data = glue.load_own_data(args.values[1], {"do_train", "do_predict"}, str(tmp_path / "cache"), None)
+    data = glue_data.load_own_data(args.data_args, {"do_train", "do_predict"}, str(tmp_path / "cache"), None)
     assert len(data.splits["test"]) == 1
 
 
@@ -190,7 +211,13 @@ def test_glue_label_names_are_mapped_and_checked(tmp_path):
     _write(data / "rte/train.tsv", "sentence1\tsentence2\tlabel\na\tb\tentailment\nc\td\tmaybe\n")
     with pytest.raises(ValueError, match=rf"train file {data / 'rte/train.tsv'}, line 3: rte label 'maybe' is "
                        r"neither one of \['entailment', 'not_entailment'\] nor a class id"):  # fmt: skip
-        glue.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
+        glue_data.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
+    # Each GLUE label cell is mapped on its own, so a JSON file mixing label names and class ids is read.
+    _jsonl(data / "rte/train.jsonl", [{"sentence1": "a", "sentence2": "b", "label": "entailment"},
+                                      {"sentence1": "c", "sentence2": "d", "label": 1}])  # fmt: skip
+    (data / "rte/train.tsv").unlink()
+    splits = glue_data.load_glue_task("rte", splits=("train",), data_dir=data, cache_dir=str(tmp_path / "cache"))
+    assert glue_data.encode_labels("rte", splits["train"])["label"] == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +258,10 @@ def test_pretraining_text_column_problems(tmp_path, tokenizer_dir):
     path = _jsonl(tmp_path / "corpus.jsonl", [{"text": 1}, {"text": 2}])
     with pytest.raises(ValueError, match=rf"train file {path}: the text column 'text' holds int64 values"):
         _pretrain(tmp_path, tokenizer_dir, path)
+    document = _write(tmp_path / "corpus.json", json.dumps([{"text": "a b c"}, {"text": ["d", "e"]}]))
+    with pytest.raises(ValueError, match=rf"train file {document}: the text column 'text' mixes JSON types: string "
+                       r"\(row 1\), list \(row 2\)"):  # fmt: skip
+        _pretrain(tmp_path, tokenizer_dir, document)
     good = _write(tmp_path / "good.txt", "the cat sat on the mat\n")
     bad = _write(tmp_path / "validation.txt", "\n\n")
     with pytest.raises(ValueError, match=rf"validation file {bad} holds no text"):

@@ -64,7 +64,7 @@ def test_every_recipe_value_is_a_flag_of_its_script():
     from orchid_hf.pretraining import DATACLASSES as MLM_DATACLASSES
 
     fields = {
-        kind: {f for cls in classes for f in cls.__dataclass_fields__}
+        kind: {f for cls in classes.values() for f in cls.__dataclass_fields__}
         for kind, classes in (
             ("mlm", MLM_DATACLASSES),
             ("text-classification", GLUE_DATACLASSES),
@@ -83,7 +83,8 @@ def test_every_recipe_value_is_a_flag_of_its_script():
 
 
 def test_paper_values_are_the_defaults():
-    _, data, recipe, args = mlm_args(["--output_dir", "x"])
+    parsed = mlm_args(["--output_dir", "x"])
+    data, recipe, args = parsed.data_args, parsed.recipe_args, parsed.training_args
     assert (data.dataset_name, data.dataset_config_name, data.streaming) == ("allenai/c4", "en", True)
     assert (data.max_seq_length, data.mlm_probability) == (128, 0.3)
     assert (args.learning_rate, args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (8e-4, 0.9, 0.98, 1e-6)
@@ -99,36 +100,36 @@ def test_paper_values_are_the_defaults():
     assert large.preset == "orchid-bert-large"
     # Table C.2 per task: SST-2 base is D-AdamW (decoupled 3e-6), RTE base AdamW (0.01); large RTE D-AdamW.
     parsed = glue_args(["--task_name", "sst2", "--output_dir", "x"], task="sst2")
-    _, data, recipe, args = parsed
+    data, recipe, args = parsed.data_args, parsed.recipe_args, parsed.training_args
     assert (args.learning_rate, recipe.decoupled_weight_decay, args.num_train_epochs) == (3e-5, 3e-6, 3)
     assert args.per_device_train_batch_size == 16 and data.pooling == "first" and data.max_seq_length == 128
-    _, data, recipe, args = glue_args(["--task_name", "rte", "--output_dir", "x"], task="rte")
+    parsed = glue_args(["--task_name", "rte", "--output_dir", "x"], task="rte")
+    recipe, args = parsed.recipe_args, parsed.training_args
     assert (args.learning_rate, args.weight_decay, recipe.decoupled_weight_decay) == (5e-5, 0.01, None)
     assert (recipe.filter_weight_decay, recipe.filter_decoupled_weight_decay) == (0.0, None)
-    _, data, _, _ = glue_args(["--task_name", "qnli", "--output_dir", "x"], task="qnli")
-    assert data.pooling == "mean"
-    _, _, recipe, args = glue_args(["--task_name", "rte", "--recipe", "orchid-bert-large-glue", "--output_dir", "x"],
-                                   task="rte")  # fmt: skip
+    assert glue_args(["--task_name", "qnli", "--output_dir", "x"], task="qnli").data_args.pooling == "mean"
+    parsed = glue_args(["--task_name", "rte", "--recipe", "orchid-bert-large-glue", "--output_dir", "x"], task="rte")
+    recipe, args = parsed.recipe_args, parsed.training_args
     assert (args.learning_rate, recipe.decoupled_weight_decay, args.num_train_epochs) == (1e-5, 1e-6, 3)
     assert GLUE_TABLE_C2["large"]["cola"] == ("adamw", 5e-5, 5e-6, 10)
 
     # Table C.3: CIFAR's base learning rate from the tuned set (1e-3, 5e-3, 1e-2), constant after 500 warmup steps.
     parsed = image_args(["--dataset_name", "cifar10", "--output_dir", "x"])
     assert parsed.recipe.name == "orchid-vit-cifar-s"
-    model, data, augmentation, recipe, args = parsed
+    augmentation, args = parsed.augmentation_args, parsed.training_args
     assert args.learning_rate in (1e-3, 5e-3, 1e-2) and args.learning_rate == 1e-3
     assert (args.lr_scheduler_type.value, args.warmup_steps, args.weight_decay) == ("constant_with_warmup", 500, 0.05)
     assert (args.per_device_train_batch_size, args.num_train_epochs, args.label_smoothing_factor) == (512, 500, 0.1)
     assert (augmentation.crop_padding, augmentation.hflip, augmentation.mixup_alpha) == (4, True, 0.0)
     parsed = image_args(["--dataset_name", "imagenet-1k", "--output_dir", "x"])
-    _, _, augmentation, _, args = parsed
+    augmentation, args = parsed.augmentation_args, parsed.training_args
     assert parsed.recipe.name == "orchid-vit-imagenet" and args.lr_scheduler_type.value == "cosine"
     assert (args.learning_rate, augmentation.warmup_epochs, args.num_train_epochs) == (1e-3, 10, 300)
     assert (augmentation.randaugment, augmentation.mixup_alpha, augmentation.cutmix_alpha) == ("2,9,0.5", 0.8, 1.0)
     assert augmentation.random_erasing == 0.25 and augmentation.resample == "bicubic"
     assert image_args([]).recipe.name == "orchid-vit-digits"
     # A folder replaces the recipe's dataset.
-    assert image_args(["--train_dir", "somewhere"]).values[1].dataset_name is None
+    assert image_args(["--train_dir", "somewhere"]).data_args.dataset_name is None
 
 
 def test_own_data_pools_the_mean_and_glue_keeps_table_c2():
@@ -136,17 +137,17 @@ def test_own_data_pools_the_mean_and_glue_keeps_table_c2():
     every GLUE task keeps Table C.2 / App. C.3's choice (mean for QNLI-base only); the model class keeps "first"."""
     for source in (["--train_file", "t.csv"], ["--validation_file", "v.csv"], ["--dataset_name", "someone/data"]):
         parsed = glue_args([*source, "--output_dir", "x"])
-        assert (parsed.recipe.name, parsed.values[1].pooling) == ("orchid-bert-classification", "mean")
+        assert (parsed.recipe.name, parsed.data_args.pooling) == ("orchid-bert-classification", "mean")
         assert "pooling" not in parsed.explicit
-    assert glue_args(["--train_file", "t.csv", "--pooling", "first", "--output_dir", "x"]).values[1].pooling == "first"
+    assert glue_args(["--train_file", "t.csv", "--pooling", "first", "--output_dir", "x"]).data_args.pooling == "first"
     for size in ("base", "large"):
         for task in GLUE_TABLE_C2[size]:
             argv = ["--task_name", task, "--recipe", f"orchid-bert-{size}-glue", "--output_dir", "x"]
-            pooling = glue_args(argv, task=task).values[1].pooling
+            pooling = glue_args(argv, task=task).data_args.pooling
             assert pooling == ("mean" if (size, task) == ("base", "qnli") else "first"), (size, task)
     # A GLUE task read from local files is still GLUE.
     parsed = glue_args(["--task_name", "rte", "--train_file", "t.csv", "--output_dir", "x"], task="rte")
-    assert (parsed.recipe.name, parsed.values[1].pooling) == ("orchid-bert-base-glue", "first")
+    assert (parsed.recipe.name, parsed.data_args.pooling) == ("orchid-bert-base-glue", "first")
     assert OrchidConfig().classifier_pooling == OrchidConfig.from_preset("orchid-bert-base").classifier_pooling
 
 
@@ -179,7 +180,7 @@ def test_flags_and_config_files_override_the_recipe(tmp_path):
             "--eval_strategy", "no", "--bf16", "False", "--gradient_checkpointing", "--torch_compile", "False",
             "--report_to", "none", "--load_best_model_at_end", "False", "--save_strategy", "no"]  # fmt: skip
     parsed = mlm_args(argv)
-    args = parsed.values[3]
+    args = parsed.training_args
     assert (args.learning_rate, args.lr_scheduler_type.value, args.max_steps) == (1e-3, "cosine", 10)
     assert args.gradient_checkpointing and {"learning_rate", "lr_scheduler_type", "gradient_checkpointing"} <= set(
         parsed.explicit
@@ -191,7 +192,7 @@ def test_flags_and_config_files_override_the_recipe(tmp_path):
     (tmp_path / "run.yaml").write_text("\n".join(f"{k}: {v}" for k, v in values.items()))
     for name in ("run.json", "run.yaml"):
         parsed = mlm_args([str(tmp_path / name)])
-        args = parsed.values[3]
+        args = parsed.training_args
         assert (args.learning_rate, args.max_steps, args.adam_beta2) == (1e-3, 10, 0.98)
         assert parsed.recipe.name == "orchid-bert-large-mlm" and parsed.explicit == set(values)
     (tmp_path / "typo.json").write_text(json.dumps({"output_dir": "x", "learning_rat": 1e-3}))
@@ -231,26 +232,26 @@ def test_stages_follow_the_examples():
 def test_weight_decay_keeps_trainers_meaning():
     # A habitual --weight_decay 0.01 at lr 8e-4 stays 0.01 (it used to become 12.5).
     parsed = mlm_args(["--output_dir", "x", "--weight_decay", "0.01"])
-    _, _, recipe, args = parsed
+    recipe, args = parsed.recipe_args, parsed.training_args
     plan = resolve_optimizer(args, recipe, parsed.explicit)
     assert args.weight_decay == 0.01 and plan.decoupled_weight_decay is None
     # The paper's decoupled value has its own flag, converted in one place: 1e-5 / 8e-4.
     parsed = mlm_args(["--output_dir", "x"])
-    _, _, recipe, args = parsed
+    recipe, args = parsed.recipe_args, parsed.training_args
     plan = resolve_optimizer(args, recipe, parsed.explicit)
     assert args.weight_decay == pytest.approx(0.0125) and plan.decoupled_weight_decay == 1e-5
     parsed = mlm_args(["--output_dir", "x", "--decoupled_weight_decay", "2e-5", "--learning_rate", "1e-3"])
-    plan = resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
+    plan = resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
     assert plan.weight_decay == pytest.approx(0.02)
     # A value given beats the recipe's value of the other flag: RTE's recipe is AdamW 0.01.
     parsed = glue_args(["--task_name", "rte", "--output_dir", "x", "--decoupled_weight_decay", "1e-5"], task="rte")
-    plan = resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
+    plan = resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
     assert plan.weight_decay == pytest.approx(1e-5 / 5e-5) and plan.decoupled_weight_decay == 1e-5
     # Both given is an error naming both numbers.
     parsed = mlm_args(["--output_dir", "x", "--weight_decay", "0.01", "--decoupled_weight_decay", "1e-5"])
     with pytest.raises(ValueError, match=r"--weight_decay .* or --decoupled_weight_decay .* not both: got "
                        r"weight_decay=0.01 and decoupled_weight_decay=1e-05"):  # fmt: skip
-        resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
+        resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
     with pytest.raises(ValueError, match="filter_weight_decay.*filter_decoupled_weight_decay.*not both"):
         resolve_weight_decay(0.1, 0.1, 1e-3, {"filter_weight_decay", "filter_decoupled_weight_decay"},
                              names=("filter_weight_decay", "filter_decoupled_weight_decay"))  # fmt: skip
@@ -335,7 +336,7 @@ def test_the_recipe_trains_the_implicit_filters_and_keeps_them(tmp_path, decay):
     step, and they vanish: the reason the recipe trains them without decay."""
     extra = [] if decay == "recipe" else ["--filter_decoupled_weight_decay", "0.1"]
     parsed = mlm_args(["--output_dir", str(tmp_path), "--max_steps", "60", "--eval_strategy", "no", *extra])
-    _, _, recipe, args = parsed.values
+    recipe, args = parsed.recipe_args, parsed.training_args
     args.use_cpu, args.report_to = True, "none"
     plan = resolve_optimizer(args, recipe, parsed.explicit)
     torch.manual_seed(0)
@@ -362,23 +363,23 @@ def test_no_recipe_decays_the_implicit_filters():
     """Every recipe's filter group, once resolved: lr 1e-3, no weight decay (pretraining, Table C.2's AdamW and
     D-AdamW GLUE tasks, the classification recipe)."""
     parsed = mlm_args(["--output_dir", "x"])
-    plans = [resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)]
+    plans = [resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)]
     for task in ("sst2", "rte"):  # D-AdamW and AdamW
         parsed = glue_args(["--task_name", task, "--output_dir", "x"], task=task)
-        plans.append(resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit))
+        plans.append(resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit))
     parsed = glue_args(["--train_file", "x.csv", "--recipe", "orchid-bert-classification", "--output_dir", "x"])
-    plans.append(resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit))
+    plans.append(resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit))
     assert [(plan.filter_learning_rate, plan.filter_weight_decay) for plan in plans] == [(1e-3, 0.0)] * 4
 
 
 def test_filter_group_flags(tmp_path):
     parsed = mlm_args(["--output_dir", "x", "--filter_learning_rate", "5e-4", "--filter_weight_decay", "0.01"])
-    plan = resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
+    plan = resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
     assert (plan.filter_learning_rate, plan.filter_weight_decay, plan.filter_decoupled_weight_decay) == (
         5e-4, 0.01, None,
     )  # fmt: skip
     parsed = mlm_args(["--output_dir", "x", "--filter_param_group", "False"])
-    plan = resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
+    plan = resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
     assert plan.filter_learning_rate is None
     model = OrchidForMaskedLM(OrchidConfig(**TINY))
     trainer = _trainer(model, tmp_path, plan)
@@ -386,15 +387,15 @@ def test_filter_group_flags(tmp_path):
     assert len(trainer.optimizer.param_groups) == 2
     # The schedule's end point: a ratio of the learning rate, or lr_end itself, not both.
     parsed = mlm_args(["--output_dir", "x", "--learning_rate", "1e-3"])
-    args = parsed.values[3]
-    resolve_optimizer(args, parsed.values[2], parsed.explicit)
+    args = parsed.training_args
+    resolve_optimizer(args, parsed.recipe_args, parsed.explicit)
     assert args.lr_scheduler_kwargs == {"power": 1.0, "lr_end": pytest.approx(2e-5)}
     parsed = mlm_args(["--output_dir", "x", "--lr_scheduler_kwargs", '{"lr_end": 1e-6}'])
-    resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
-    assert parsed.values[3].lr_scheduler_kwargs == {"lr_end": 1e-6}
+    resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
+    assert parsed.training_args.lr_scheduler_kwargs == {"lr_end": 1e-6}
     parsed = mlm_args(["--output_dir", "x", "--lr_scheduler_kwargs", '{"lr_end": 1e-6}', "--min_lr_ratio", "0.1"])
     with pytest.raises(ValueError, match="not both: got min_lr_ratio=0.1 and lr_end=1e-06"):
-        resolve_optimizer(parsed.values[3], parsed.values[2], parsed.explicit)
+        resolve_optimizer(parsed.training_args, parsed.recipe_args, parsed.explicit)
     assert RecipeArguments().filter_param_group
 
 

@@ -8,6 +8,7 @@ import peft
 import pytest
 import torch
 from datasets import Dataset
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Trainer, TrainingArguments
 
 from orchid_hf import (
@@ -328,24 +329,30 @@ def test_derived_buffers_are_not_saved_and_half_precision_loads_run(head, tmp_pa
                     ("filter_width", 16), ("layer_norm_eps", 1e-5), ("classifier_pooling", "mean"),
                     ("hidden_dropout_prob", 0.2)],
 )
-def test_editing_a_setting_the_model_was_built_with_is_an_error(field, value, tmp_path):
+def test_editing_a_setting_the_model_was_built_with_changes_nothing_and_is_refused_at_save(field, value, tmp_path):
+    """The modules take their settings when they are built and never read the config in forward: the model runs as
+    built. Saved, the config would describe another model: save_pretrained refuses it."""
     model = build(OrchidForSequenceClassification)
+    inputs = text_batch()
+    with torch.no_grad():
+        expected = model(**inputs).logits
     before = getattr(model.config, field)
     setattr(model.config, field, value)
-    message = rf"config.{field}={value!r} .* built with {field}={before!r}"
-    with pytest.raises(ValueError, match=message):
-        model(**text_batch())
-    with pytest.raises(ValueError, match=message):
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=rf"config.{field}={value!r} .* built with {field}={before!r}"):
         model.save_pretrained(tmp_path)
+    assert not list(tmp_path.iterdir())
     # A new model from the edited config is what the user meant.
     OrchidForSequenceClassification(copy.deepcopy(model.config))(**text_batch())
 
 
-def test_editing_num_labels_of_a_built_classifier_is_an_error():
+def test_editing_num_labels_of_a_built_classifier_is_refused_at_save(tmp_path):
     model = build(OrchidForSequenceClassification)
     model.config.num_labels = 5
+    assert model(**text_batch()).logits.shape == (2, 3)
     with pytest.raises(ValueError, match=r"config.num_labels=5 .* classifier has 3 outputs"):
-        model(**text_batch())
+        model.save_pretrained(tmp_path)
 
 
 def test_the_config_edits_of_transformers_and_users_still_work():
@@ -384,8 +391,17 @@ def test_every_head_takes_the_keyword_arguments_transformers_passes(head):
     torch.testing.assert_close(as_tuple[0], main_output(out))
     with pytest.raises(ValueError, match=r"output_attentions=True: Orchid has no attention maps"):
         model(**inputs, output_attentions=True)
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'attention_maskk'"):
-        model(**inputs, attention_maskk=None)
+
+
+def test_a_keyword_no_model_takes_is_ignored_as_bert_ignores_it_with_a_warning(caplog):
+    model = build(OrchidModel)
+    inputs = text_batch()
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+        with caplog.at_level("WARNING"):
+            got = model(**inputs, attention_maskk=None, num_items_in_batch=torch.tensor(4)).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert "ignores the keyword arguments ['attention_maskk']" in caplog.text
 
 
 @pytest.mark.parametrize("head", TEXT_HEADS)
@@ -397,6 +413,8 @@ def test_text_heads_refuse_what_an_encoder_without_heads_cannot_do(head):
         model(**inputs, head_mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"encoder_hidden_states: Orchid is an encoder"):
         model(**inputs, encoder_hidden_states=torch.randn(2, 6, 32))
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q: Orchid takes padded batches"):
+        model(**inputs, cu_seq_lens_q=torch.tensor([0, 3, 6]))
 
 
 @pytest.mark.slow
@@ -441,11 +459,14 @@ def test_peft_lora_with_a_task_type_trains(task_type, head, tmp_path, one_thread
     assert any(not torch.equal(before[name], p) for name, p in wrapped.named_parameters() if p.requires_grad)
 
 
-def test_editing_vocab_size_without_resizing_the_embeddings_is_an_error():
+def test_editing_vocab_size_without_resizing_the_embeddings_is_refused_at_save(tmp_path):
     model = build(OrchidForMaskedLM)
     model.config.vocab_size = 120
-    with pytest.raises(ValueError, match=r"config.vocab_size=120 but the word embeddings have 97 rows"):
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, vocab_size=97\), got values from 110 to 110"):
         model(input_ids=torch.full((1, 4), 110))
+    with pytest.raises(ValueError, match=r"config.vocab_size=120 but the word embeddings have 97 rows"):
+        model.save_pretrained(tmp_path)
+    assert not list(tmp_path.iterdir())
 
 
 def test_single_label_classification_refuses_float_labels():
@@ -477,3 +498,69 @@ def test_inputs_of_the_other_modality_are_refused():
     text_model = build(OrchidModel)
     with pytest.raises(ValueError, match=r"text model .*pixel_values do not apply"):
         text_model(**text_batch(), pixel_values=torch.randn(2, 3, 16, 16))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks once, at the boundary
+# ---------------------------------------------------------------------------------------------
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the operations that read a tensor's value on the host (``.item()``, ``bool(tensor)``, a boolean index):
+    on a GPU each one waits for every kernel queued before it."""
+
+    READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads(model, **inputs) -> int:
+    """How many times a call reads tensor values on the host: the dispatched reads, and ``tolist()``, which copies a
+    tensor's values without going through the dispatcher."""
+    tolist = torch.Tensor.tolist
+    with HostReads() as reads, pytest.MonkeyPatch.context() as patch:
+
+        def counted(tensor):
+            reads.count += 1
+            return tolist(tensor)
+
+        patch.setattr(torch.Tensor, "tolist", counted)
+        model(**inputs)
+    return reads.count
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_a_forward_reads_values_on_the_host_as_often_whatever_the_depth(padding):
+    """The model checks its inputs and lays out the padding once per call; its layers read no value on the host.
+    With labels, the head checks them once more."""
+    inputs = text_batch(3, 10)
+    if padding == "left":
+        inputs["attention_mask"] = inputs["attention_mask"].flip(1)
+    counts = {}
+    for layers in (1, 2, 8):
+        torch.manual_seed(0)
+        model = OrchidForSequenceClassification(tiny_text_config(num_hidden_layers=layers)).eval()
+        counts[layers] = (host_reads(model, **inputs), host_reads(model, **inputs, labels=torch.tensor([0, 1, 2])))
+    assert counts[1] == counts[2] == counts[8]
+    # input_ids' range, the mask's values, the layout (each row's length and whether the rows need reordering, in one
+    # read); the labels' range.
+    assert counts[1] == (3, 4)
+
+
+def test_an_operator_inside_the_model_neither_checks_nor_reorders_its_input():
+    model = OrchidModel(tiny_text_config(num_hidden_layers=2)).eval()
+    mixer = model.encoder.layer[0].mixer
+    inputs = text_batch(3, 10)
+    inputs["attention_mask"][0, :3] = 0
+    with torch.no_grad():
+        alone = host_reads(mixer, x=torch.randn(3, 10, 32), attention_mask=inputs["attention_mask"])
+    assert alone == 2  # on its own: the mask's values and the layout of its rows
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(mixer), "_check_inputs", lambda *args: pytest.fail("checked inside the model"))
+        model(**inputs)

@@ -124,6 +124,23 @@ def test_helper_takes_a_task_checkpoint_or_a_model_in_memory(tokenizer, tmp_path
     torch.testing.assert_close(in_memory.encode(SENTENCES, convert_to_tensor=True), unit, atol=1e-5, rtol=1e-5)
 
 
+def test_helper_unwraps_compiled_and_parallel_models_and_refuses_peft_and_other_modules_by_name(tokenizer):
+    import peft
+
+    model = tiny_encoder(tokenizer)
+    expected = sentence_transformer(model, tokenizer).encode(SENTENCES, convert_to_tensor=True)
+    for wrapped in (torch.compile(model, backend="eager"), torch.nn.DataParallel(model)):
+        st = sentence_transformer(wrapped, tokenizer)
+        torch.testing.assert_close(st.encode(SENTENCES, convert_to_tensor=True), expected, atol=0, rtol=0)
+    lora = peft.get_peft_model(tiny_encoder(tokenizer), peft.LoraConfig(r=2, target_modules=["in_proj"]))
+    with pytest.raises(ValueError, match=r"a peft model \(PeftModel\).*merge_and_unload\(\).*add_adapter"):
+        sentence_transformer(lora, tokenizer)
+    with pytest.raises(ValueError, match=r"model must be an Orchid model, a folder or a Hub id, got Linear"):
+        sentence_transformer(torch.nn.Linear(2, 2), tokenizer)
+    with pytest.raises(ValueError, match=r"model must be an Orchid model, a folder or a Hub id, got int"):
+        sentence_transformer(3)
+
+
 def test_helper_truncates_to_max_seq_length(saved_encoder, tokenizer):
     model, folder = saved_encoder
     st = sentence_transformer(folder, max_seq_length=6)

@@ -10,7 +10,7 @@ import torch
 from transformers import BertTokenizer
 
 from experiments.transfer import measures
-from experiments.transfer.data import build_corpus, chapter_split, subset
+from experiments.transfer.data import build_corpus, chapter_split, load_corpus, load_tensors, subset
 from experiments.transfer.models import (
     CLS_ID,
     MASK_ID,
@@ -23,6 +23,7 @@ from experiments.transfer.models import (
     parameter_group,
 )
 from tests.test_novels import SPECIALS, chapter_words, write_novel
+from tests.test_real_data import RunsCodeWhenLoaded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -140,6 +141,31 @@ def test_the_corpus_keeps_test_chapters_out_of_pretraining(tmp_path):
     assert all(set(text.split()) & test_words for text in corpus["test"]["texts"])
     half = subset(corpus["train"], 3)
     assert len(half["labels"]) == len(half["texts"]) == 3
+
+
+def test_the_corpus_cache_loads_back_as_tensors_and_a_crafted_one_runs_no_code(tmp_path):
+    data, vocab = tmp_path / "novels", tmp_path / "vocab"
+    data.mkdir(), vocab.mkdir()
+    write_novel(data / "alpha.txt", 0, 6, "CHAPTER {roman}")
+    write_novel(data / "beta.txt", 1, 6, "Chapter {n}")
+    words = [w for n in (0, 1) for c in range(6) for w in chapter_words(n, c)]
+    (vocab / "vocab.txt").write_text("\n".join(SPECIALS + [".", ","] + words) + "\n")
+    cache = tmp_path / "cache" / "corpus.pt"
+    built = load_corpus(data, vocab, cache, passage_tokens=12, block_tokens=8)
+    cached = load_corpus(tmp_path / "elsewhere", tmp_path / "elsewhere", cache)  # read from the cache alone
+    assert cached["names"] == built["names"] and torch.equal(cached["mlm"], built["mlm"])
+    assert cached["test"]["texts"] == built["test"]["texts"]
+    assert torch.equal(cached["test"]["input_ids"], built["test"]["input_ids"])
+
+    # A cache (or a saved model's state dict) that unpickles an object would run code when loaded with
+    # weights_only=False: it is refused, and the code never runs.
+    marker = tmp_path / "marker"
+    torch.save({"names": ["alpha"], "payload": RunsCodeWhenLoaded(marker)}, cache)
+    with pytest.raises(ValueError, match=r"corpus.pt holds more than tensors, numbers and strings.*delete it"):
+        load_corpus(data, vocab, cache)
+    with pytest.raises(ValueError, match=r"corpus.pt holds more than tensors"):
+        load_tensors(cache)
+    assert not marker.exists()
 
 
 @pytest.mark.slow

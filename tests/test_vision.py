@@ -2,6 +2,7 @@
 training end to end with the examples' flags (Orchid and a ViT baseline on grey IDX images), pipelines."""
 
 import gzip
+import io
 import json
 import math
 import struct
@@ -191,6 +192,92 @@ def test_train_transform_without_augmentation_equals_the_saved_processor():
     for a, b in zip(train["pixel_values"], evaluation["pixel_values"]):
         assert a.shape == (1, 16, 16)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+LEVELS = np.arange(256, dtype=np.uint8).reshape(16, 16)  # every 8-bit level once
+
+
+def test_16_bit_float_and_wide_integer_images_keep_their_levels():
+    """Images the recipe decodes are scaled to its 8-bit range by the range of their type, as torchvision's
+    convert_image_dtype: 16-bit by 65535 / 255 = 257, floats in [0, 1] by 255; wider integers hold 8-bit values."""
+    sixteen = LEVELS.astype(np.uint16) * 257
+    png = io.BytesIO()
+    Image.fromarray(sixteen).save(png, format="PNG")
+    assert Image.open(io.BytesIO(png.getvalue())).mode == "I;16"
+    floats = LEVELS / 255
+    sources = {
+        "16-bit PNG bytes": {"path": None, "bytes": png.getvalue()},
+        "PIL I;16": Image.open(io.BytesIO(png.getvalue())),
+        "uint16 array": sixteen,
+        "big-endian uint16 array": sixteen.astype(">u2"),
+        "float64 array": floats,
+        "float32 array": floats.astype(np.float32),
+        "PIL F": Image.fromarray(floats.astype(np.float32)),
+        "PIL I": Image.fromarray(LEVELS.astype(np.int32)),
+        "int64 list (a datasets Array2D row)": LEVELS.astype(np.int64).tolist(),
+        "bool array": LEVELS >= 128,
+    }
+    for name, value in sources.items():
+        expected = np.where(LEVELS >= 128, 255, 0) if name == "bool array" else LEVELS
+        np.testing.assert_array_equal(np.array(decode_image(value, "L")), expected, err_msg=name)
+        rgb = np.array(decode_image(value, "RGB"))
+        assert rgb.shape == (16, 16, 3), name
+        np.testing.assert_array_equal(rgb, np.repeat(expected[..., None], 3, axis=-1), err_msg=name)
+    colour = np.stack([LEVELS, LEVELS.T, 255 - LEVELS], axis=-1)
+    np.testing.assert_array_equal(np.array(decode_image(colour.astype(np.uint16) * 257, "RGB")), colour)
+    np.testing.assert_array_equal(np.array(decode_image(colour / 255, "RGB")), colour)
+    np.testing.assert_array_equal(np.array(decode_image(colour[..., :1], "L")), LEVELS)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (LEVELS * 1.0, r"float image must lie in \[0, 1\], got values from 0.0 to 255.0"),
+        (np.full((4, 4), np.nan), r"float image must lie in \[0, 1\], got values from nan to nan"),
+        (Image.fromarray(np.full((4, 4), 2.0, dtype=np.float32)), r"image mode F: .*got values from 2.0 to 2.0"),
+        (np.full((4, 4), 1000, dtype=np.int64), r"int64 image must hold 8-bit values 0..255, got values from 1000"),
+        (Image.fromarray(np.full((4, 4), -3, dtype=np.int32)), r"image mode I: .*8-bit values 0..255, got .* -3 "),
+        (np.zeros((4, 4, 2), dtype=np.uint8), r"image array must have shape \(height, width\) or \(height, width, "
+                                              r"channels\) with 1, 3 or 4 channels last, got \(4, 4, 2\)"),
+        (np.zeros((3, 8, 8), dtype=np.uint8), r"got \(3, 8, 8\)"),
+        (np.array([["a"]]), r"image array of dtype <U1"),
+    ],
+)
+def test_image_values_outside_the_range_of_their_type_are_refused_by_name(value, message):
+    with pytest.raises(ValueError, match=message):
+        decode_image(value, "RGB")
+
+
+def test_transparency_is_composited_onto_white_as_the_image_processor_does():
+    """RGBA, LA and palette images with a transparent colour: transparent pixels become white, as transformers'
+    convert_to_rgb (which the saved image processor applies in pipelines) makes them, in training too."""
+    from transformers.image_transforms import convert_to_rgb
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (12, 12, 4), dtype=np.uint8)
+    rgba[:6, :, 3] = 0  # the upper half transparent
+    palette = Image.fromarray(rng.integers(0, 4, (12, 12), dtype=np.uint8), mode="L").convert("P")
+    palette.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9])
+    palette.info["transparency"] = 1
+    images = {
+        "RGBA": Image.fromarray(rgba),
+        "LA": Image.fromarray(rgba[..., [0, 3]], mode="LA"),
+        "P with transparency": palette,
+        "CMYK": Image.fromarray(rgba, mode="RGBA").convert("CMYK"),
+        "RGBA array": rgba,
+    }
+    processor = build_image_processor(12, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+    for name, image in images.items():
+        expected = convert_to_rgb(Image.fromarray(image) if isinstance(image, np.ndarray) else image,
+                                  return_numpy=True)  # fmt: skip
+        np.testing.assert_array_equal(np.array(decode_image(image, "RGB")), expected, err_msg=name)
+        grey = np.array(Image.fromarray(expected).convert("L"))
+        np.testing.assert_array_equal(np.array(decode_image(image, "L")), grey, err_msg=name)
+        if name != "RGBA array":  # the pipeline's processor and the recipe's evaluation see the same pixels
+            pipeline_pixels = processor([image], return_tensors="pt")["pixel_values"][0]
+            recipe_pixels = EvalTransform(processor)({"image": [image], "label": [0]})["pixel_values"][0]
+            torch.testing.assert_close(recipe_pixels, pipeline_pixels, atol=1e-5, rtol=0)
+    assert (np.array(decode_image(images["RGBA"], "RGB"))[:6] == 255).all()
 
 
 # ---------------------------------------------------------------------------------------------

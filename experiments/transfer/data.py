@@ -4,6 +4,7 @@ attribution passages of every split."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ def load_corpus(data_dir: str | Path, vocab_dir: str | Path, cache: str | Path, 
     """:func:`build_corpus` of ``data_dir/*.txt``, cached in ``cache``."""
     cache = Path(cache)
     if cache.exists():
-        return torch.load(cache, weights_only=False)
+        return load_tensors(cache)
     from transformers import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(str(vocab_dir), do_lower_case=True)
@@ -56,6 +57,19 @@ def load_corpus(data_dir: str | Path, vocab_dir: str | Path, cache: str | Path, 
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save(corpus, cache)
     return corpus
+
+
+def load_tensors(path: str | Path):
+    """What ``torch.save`` wrote to ``path`` (the corpus cache, a model's state dict), read with
+    ``weights_only=True``: tensors, numbers, strings, lists and dicts only, since unpickling anything else can run
+    code. A file that holds more is refused with a ValueError naming it."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"{path} holds more than tensors, numbers and strings, so it was not written by this code and is not "
+            f"loaded (unpickling it could run code); delete it to build it again ({error})"
+        ) from None
 
 
 def subset(split: dict, count: int | None, seed: int = 0) -> dict:

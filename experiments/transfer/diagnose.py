@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from experiments.transfer import measures
-from experiments.transfer.data import load_corpus, subset
+from experiments.transfer.data import load_corpus, load_tensors, subset
 from experiments.transfer.models import (
     Classifier,
     build_mlm_model,
@@ -77,7 +77,7 @@ class Workspace:
             return model.eval()
         path = self.work / "models" / f"{name}.pt"
         if path.exists():
-            model.load_state_dict(torch.load(path))
+            model.load_state_dict(load_tensors(path))
             return model.eval()
         torch.manual_seed(spec["seed"])
         log = pretrain(model, self.corpus["mlm"], spec["steps"], batch_size=batch_size, seed=spec["seed"])

@@ -2,8 +2,8 @@
 the CIFAR recipe; the random resized crop, RandAugment, random erasing and Mixup/CutMix of the ImageNet (T2T-ViT)
 recipe; and the loss against soft targets.
 
-They follow timm's definitions, which the paper's pipeline uses. timm itself needs torchvision, which has no CPU
-build on our machines; kornia's versions differ from the recipe (see docs/image_classification.md).
+They follow timm's definitions, which the paper's pipeline uses, without depending on timm (which needs
+torchvision); kornia's versions differ from the recipe (see docs/image_classification.md).
 """
 
 from __future__ import annotations

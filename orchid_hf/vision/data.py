@@ -58,21 +58,83 @@ class ImageData:
 
 
 def decode_image(value, mode: str = "RGB") -> Image.Image:
-    """A PIL image in ``mode`` from a PIL image, a datasets ``{"bytes", "path"}`` record or a uint8 pixel array
-    (height, width[, channels]); a file that cannot be decoded raises ValueError naming it."""
+    """A PIL image in ``mode`` (``"RGB"`` or ``"L"``), 8 bits per channel as the recipe and its image processor
+    work, from a PIL image, a datasets ``{"bytes", "path"}`` record or a pixel array (height, width[, channels])
+    (:func:`eight_bit_array` says how other types are scaled); a file that cannot be decoded raises ValueError naming
+    it. Transparent pixels become white, as transformers' ``convert_to_rgb`` (the saved image processor) has it."""
     if isinstance(value, Image.Image):
-        return value.convert(mode)
+        return _convert(value, mode)
     if isinstance(value, (np.ndarray, list)):
-        return Image.fromarray(np.asarray(value, dtype=np.uint8)).convert(mode)
+        return _convert(image_from_array(np.asarray(value), "image array"), mode)
     path, data = value.get("path"), value.get("bytes")
     source = path if data is None else io.BytesIO(data)
     where = repr(path) if path else f"given as {len(data or b'')} bytes"
+    unreadable = (OSError, UnidentifiedImageError, ValueError, SyntaxError)
     try:
-        with Image.open(source) as image:
-            image.load()
-            return image.convert(mode)
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as error:
+        image = Image.open(source)
+    except unreadable as error:
         raise ValueError(f"cannot read image {where}: {error}") from error
+    with image:
+        try:
+            image.load()
+        except unreadable as error:
+            raise ValueError(f"cannot read image {where}: {error}") from error
+        return _convert(image, mode, f"image {where}")
+
+
+# PIL modes whose pixels are not 8-bit: 16-bit and 32-bit integers, 32-bit floats.
+WIDE_MODES = ("I", "F", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _convert(image: Image.Image, mode: str, what: str = "image") -> Image.Image:
+    if image.mode in WIDE_MODES:
+        image = image_from_array(np.asarray(image), f"{what} mode {image.mode}")
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image)
+    return image.convert(mode)
+
+
+def eight_bit_array(array: np.ndarray, what: str = "image") -> np.ndarray:
+    """``array`` as uint8, scaled by the range of its type as torchvision's ``convert_image_dtype`` does: uint8 as
+    it is, bool as 0 and 255, uint16 (16-bit images) divided by 257 (65535 -> 255), floats in [0, 1] times 255;
+    other integer types must already hold 8-bit values. Anything else is a ValueError naming ``what``, the type and
+    the values found."""
+    kind = np.dtype(array.dtype)
+    if kind == np.uint8:
+        return array
+    if kind == np.bool_:
+        return array.astype(np.uint8) * 255
+    if kind.kind not in "uif":
+        raise ValueError(f"{what} of dtype {kind} holds no pixel values; pass uint8, uint16, bool or float pixels")
+    low, high = (array.min(), array.max()) if array.size else (0, 0)
+    if kind.kind == "u" and kind.itemsize == 2:  # either byte order (PIL's I;16B gives big-endian)
+        return np.round(array / 257).astype(np.uint8)
+    if kind.kind == "f":
+        if not (np.isfinite(low) and np.isfinite(high) and 0 <= low and high <= 1):
+            raise ValueError(
+                f"{what}: a float image must lie in [0, 1], got values from {low} to {high}; scale it to [0, 1], or "
+                "pass 8-bit values as uint8"
+            )
+        return np.round(array * 255).astype(np.uint8)
+    if not 0 <= low <= high <= 255:
+        raise ValueError(
+            f"{what}: a {kind} image must hold 8-bit values 0..255, got values from {low} to {high}; pass 16-bit "
+            "images as uint16 (or PIL mode I;16), others scaled to 0..255"
+        )
+    return array.astype(np.uint8)
+
+
+def image_from_array(array: np.ndarray, what: str = "image array") -> Image.Image:
+    """A PIL image of a pixel array (height, width) or (height, width, channels) with 1, 3 or 4 channels last,
+    through :func:`eight_bit_array`."""
+    if not (array.ndim == 2 or (array.ndim == 3 and array.shape[-1] in (1, 3, 4))):
+        raise ValueError(
+            f"{what} must have shape (height, width) or (height, width, channels) with 1, 3 or 4 channels last, "
+            f"got {tuple(array.shape)}"
+        )
+    array = eight_bit_array(array, what)
+    return Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array)
 
 
 def image_files(folder: str | os.PathLike) -> list[Path]:
@@ -405,7 +467,9 @@ __all__ = [
     "IMAGENET_MEAN_STD",
     "ImageData",
     "decode_image",
+    "eight_bit_array",
     "find_idx_files",
+    "image_from_array",
     "image_files",
     "load_digits_dataset",
     "load_idx_arrays",

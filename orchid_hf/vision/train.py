@@ -26,10 +26,9 @@ from transformers import (  # noqa: E402,E501
     AutoImageProcessor,
     AutoModelForImageClassification,
     TrainerCallback,
-    TrainingArguments,  # noqa: E402
 )
 
-from ..arguments import ModelArguments, ParsedArguments, RecipeArguments, parse_recipe_arguments  # noqa: E402
+from ..arguments import ModelArguments, ParsedArguments, parse_recipe_arguments, recipe_dataclasses  # noqa: E402
 from ..hub import from_pretrained  # noqa: E402
 from ..metrics import load_metric  # noqa: E402
 from ..model_loading import build_model, check_head_size, checkpoint_num_labels  # noqa: E402
@@ -116,7 +115,7 @@ class AugmentationArguments:
     )
 
 
-DATACLASSES = (ImageModelArguments, ImageDataArguments, AugmentationArguments, RecipeArguments, TrainingArguments)
+DATACLASSES = recipe_dataclasses(ImageModelArguments, ImageDataArguments, AugmentationArguments)
 
 
 def _default_recipe(given: dict) -> str:
@@ -136,14 +135,14 @@ def parse_args(argv: list[str] | None = None) -> ParsedArguments:
         default_recipe=_default_recipe,
         description=f"Image classification. Recipes: {', '.join(list_recipes('image-classification'))}",
     )
-    _, data_args, augmentation, _, _ = parsed
+    data_args, augmentation = parsed.data_args, parsed.augmentation_args
     # The recipe's dataset stands for "no data given": folders replace it.
     if "dataset_name" not in parsed.explicit and (data_args.train_dir or data_args.validation_dir):
         data_args.dataset_name = None
     if "warmup_steps" in parsed.explicit and "warmup_epochs" in parsed.explicit and augmentation.warmup_epochs:
         raise ValueError(
-            f"pass --warmup_steps or --warmup_epochs, not both: got warmup_steps={parsed.values[4].warmup_steps} and "
-            f"warmup_epochs={augmentation.warmup_epochs}"
+            "pass --warmup_steps or --warmup_epochs, not both: got "
+            f"warmup_steps={parsed.training_args.warmup_steps} and warmup_epochs={augmentation.warmup_epochs}"
         )
     if "warmup_steps" in parsed.explicit:
         augmentation.warmup_epochs = None
@@ -196,7 +195,7 @@ def train_image_classifier(parsed: ParsedArguments, callbacks: Sequence[TrainerC
     ``all_results.json`` (the examples' metric files), ``results.json`` (per-class accuracy, confusion matrix,
     time and memory per epoch, the resolved recipe), ``confusion_matrix.csv``/``.png`` and the model card."""
     started = time.perf_counter()
-    model_args, data_args, augmentation, _, _ = parsed
+    model_args, data_args, augmentation = parsed.model_args, parsed.data_args, parsed.augmentation_args
     training_args, plan = start_run(parsed)
     training_args.remove_unused_columns = False  # the transforms need the raw image column
     if "dataloader_pin_memory" not in parsed.explicit:
@@ -331,7 +330,7 @@ def train_image_classifier(parsed: ParsedArguments, callbacks: Sequence[TrainerC
 
 def main(argv: list[str] | None = None) -> dict:
     parsed = parse_args(argv)
-    setup_logging(parsed.values[4])
+    setup_logging(parsed.training_args)
     return train_image_classifier(parsed)
 
 

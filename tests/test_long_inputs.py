@@ -1,0 +1,269 @@
+"""Long inputs at the price of their own length: each sequence mixed at the transform length that holds it
+(``transform_lengths``), alone or batched with longer ones, eager, compiled and exported; and context extension
+(``from_pretrained(..., max_position_embeddings=N)``, ``resize_position_embeddings``)."""
+
+import json
+
+import peft
+import pytest
+import torch
+from orchid_hf.modeling.orchid_layers import ConditioningNetwork, default_transform_lengths
+from transformers import AutoConfig
+
+from orchid_hf import (
+    OrchidConfig,
+    OrchidForImageClassification,
+    OrchidForMaskedLM,
+    OrchidForSequenceClassification,
+    OrchidModel,
+    OrchidOperator,
+    optimize_for_inference,
+)
+
+from .test_models import tiny_image_config
+
+
+def long_config(max_positions: int = 512, **overrides) -> OrchidConfig:
+    settings = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, intermediate_size=64, filter_width=16,
+                    max_position_embeddings=max_positions, hidden_dropout_prob=0.0, num_labels=3,
+                    classifier_pooling="mean")
+    return OrchidConfig(**{**settings, **overrides})
+
+
+def mixed_batch(lengths=(300, 100, 7, 512), width: int = 512, left: tuple[int, ...] = (2,)):
+    """Rows of these real lengths in one padded batch; the rows in ``left`` padded on the left."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 97, (len(lengths), width), generator=generator)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        if row in left:
+            mask[row, width - length :] = 1
+        else:
+            mask[row, :length] = 1
+    return ids, mask
+
+
+def main_output(output) -> torch.Tensor:
+    return output.logits if hasattr(output, "logits") else output.last_hidden_state
+
+
+def record_transform_lengths(monkeypatch) -> list[int]:
+    """The transform lengths the conditioning networks run at, call by call."""
+    seen = []
+    forward = ConditioningNetwork.forward
+
+    def recording(self, u, n, *args, **kwargs):
+        seen.append(n)
+        return forward(self, u, n, *args, **kwargs)
+
+    monkeypatch.setattr(ConditioningNetwork, "forward", recording)
+    return seen
+
+
+def test_the_default_transform_lengths_and_their_checks():
+    assert default_transform_lengths(128) == (128,)
+    assert default_transform_lengths(100) == (100,)
+    assert default_transform_lengths(8192) == (128, 256, 512, 1024, 2048, 4096, 8192)
+    assert default_transform_lengths(600) == (128, 256, 512, 600)
+    assert long_config().resolved_transform_lengths(512) == (128, 256, 512)
+    assert OrchidOperator(8, 300).transform_lengths == (128, 256, 300)
+    assert OrchidOperator(8, 300, transform_lengths=[300]).transform_lengths == (300,)
+    for lengths, message in [([256, 128, 512], "ascending"), ([128, 256], "must end at the longest input, 512"),
+                             ([0, 512], "positive integers"), ("512", "positive integers")]:
+        with pytest.raises(ValueError, match=rf"OrchidConfig.transform_lengths {message}|{message}"):
+            long_config(transform_lengths=lengths)
+    with pytest.raises(ValueError, match="OrchidOperator.transform_lengths must end at the longest input, 64"):
+        OrchidOperator(8, 64, transform_lengths=[32])
+    with pytest.raises(ValueError, match="filter_lag_scale must be a positive integer or None, got 0"):
+        long_config(filter_lag_scale=0)
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("head", [OrchidModel, OrchidForMaskedLM, OrchidForSequenceClassification])
+def test_each_sequence_is_mixed_at_its_own_length_and_gives_its_output_alone(head, transform, monkeypatch):
+    torch.manual_seed(0)
+    model = head(long_config(transform=transform)).eval()
+    lengths = (300, 100, 7, 512)
+    ids, mask = mixed_batch(lengths)
+    seen = record_transform_lengths(monkeypatch)
+    with torch.no_grad():
+        batched = main_output(model(input_ids=ids, attention_mask=mask))
+    # One group per transform length: 512 (the row of 512), 512 again for 300, 128 for 100 and 7.
+    assert sorted(set(seen)) == [128, 512]
+    for row, length in enumerate(lengths):
+        alone_ids = ids[row][mask[row].bool()].unsqueeze(0)
+        seen.clear()
+        with torch.no_grad():
+            alone = main_output(model(input_ids=alone_ids))
+        assert set(seen) == {128 if length <= 128 else 512 if length > 256 else 256}
+        got = batched[row] if head is OrchidForSequenceClassification else batched[row][mask[row].bool()]
+        torch.testing.assert_close(got, alone[0], atol=1e-6, rtol=1e-6)
+
+
+def test_a_short_batch_in_a_long_context_model_pays_for_its_own_length(monkeypatch):
+    """In a model of 8,192 positions a batch of 128 tokens is mixed by transforms of 128 points, and gives the outputs
+    of a model of 128 positions with the same weights (its transform lengths hold 128)."""
+    torch.manual_seed(0)
+    long_model = OrchidModel(long_config(8192)).eval()
+    # The filters' lag scale is the longest input's: the short model's kernels are measured in the same unit.
+    short_model = OrchidModel(long_config(128, filter_lag_scale=8192)).eval()
+    state = long_model.state_dict()
+    state["embeddings.position_embeddings.weight"] = state["embeddings.position_embeddings.weight"][:128]
+    short_model.load_state_dict(state)
+    ids = torch.randint(5, 97, (4, 128))
+    seen = record_transform_lengths(monkeypatch)
+    with torch.no_grad():
+        got = long_model(ids).last_hidden_state
+    assert set(seen) == {128}
+    with torch.no_grad():
+        torch.testing.assert_close(got, short_model(ids).last_hidden_state, atol=1e-6, rtol=1e-6)
+
+
+def test_the_compiled_model_is_one_graph_with_the_eager_outputs_and_gradients():
+    """Traced, every transform length up to the padded length runs on every row and each row takes its own: one graph
+    (fullgraph), no value read on the host, the eager model's outputs and gradients."""
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(long_config())
+    ids, mask = mixed_batch((300, 100, 7), width=300)
+    real = mask.bool()
+    eager = model(input_ids=ids, attention_mask=mask).logits
+    eager[real].square().mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    traced = compiled(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(traced[real], eager[real], atol=1e-5, rtol=1e-5)
+    traced[real].square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_an_exported_graph_mixes_each_row_at_its_own_length(tmp_path):
+    from orchid_hf.onnx import compare_with_onnxruntime, export_onnx
+
+    torch.manual_seed(0)
+    model = OrchidModel(long_config(512, type_vocab_size=0)).eval()
+    path = export_onnx(model, tmp_path / "model.onnx")
+    differences = compare_with_onnxruntime(model, path, shapes=[(3, 512), (4, 200), (2, 90)])
+    assert differences["last_hidden_state"] < 1e-4
+
+
+def test_gradient_checkpointing_and_lora_with_rows_of_every_length():
+    torch.manual_seed(0)
+    model = OrchidForSequenceClassification(long_config())
+    ids, mask = mixed_batch()
+    labels = torch.tensor([0, 1, 2, 0])
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    plain = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    model.train()
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["in_proj", "out_proj"]))
+    lora(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    assert all(p.grad is not None for name, p in lora.named_parameters() if "lora_" in name)
+
+
+def test_the_folded_copy_and_the_operator_alone_at_every_length():
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(long_config(transform="fft")).eval()
+    ids, mask = mixed_batch()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(optimize_for_inference(model)(input_ids=ids, attention_mask=mask).logits, expected,
+                               atol=1e-6, rtol=1e-6)
+    # The operator on its own: a row with a cross-conditioning sequence is mixed at the length that holds both.
+    op = OrchidOperator(8, 400, conditioning="xcorr").eval()
+    x, u = torch.randn(2, 100, 8), torch.randn(2, 300, 8)
+    x_mask, u_mask = torch.ones(2, 100), torch.ones(2, 300)
+    u_mask[1, 50:] = 0
+    with torch.no_grad():
+        both = op(x, x_mask, conditioning_input=u, conditioning_mask=u_mask)
+        first = op(x[:1], conditioning_input=u[:1])
+        second = op(x[1:], conditioning_input=u[1:, :50])
+    torch.testing.assert_close(both, torch.cat([first, second]), atol=1e-6, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Context extension
+# ---------------------------------------------------------------------------------------------
+
+
+def saved_short_model(tmp_path, transform: str = "dct", without_new_fields: bool = False):
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(long_config(128, transform=transform)).eval()
+    model.save_pretrained(tmp_path)
+    if without_new_fields:  # as this package saved models before transform lengths existed
+        path = tmp_path / "config.json"
+        values = json.loads(path.read_text())
+        del values["transform_lengths"], values["filter_lag_scale"]
+        path.write_text(json.dumps(values))
+    return model
+
+
+def test_a_config_saved_before_transform_lengths_reads_as_one_length(tmp_path):
+    saved_short_model(tmp_path, without_new_fields=True)
+    values = json.loads((tmp_path / "config.json").read_text())
+    values["max_position_embeddings"] = 512
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert config.transform_lengths == [512] and config.resolved_transform_lengths(512) == (512,)
+    assert OrchidConfig(max_position_embeddings=512).transform_lengths is None  # new configs: the default ladder
+
+
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_extension_keeps_the_outputs_of_short_inputs_and_takes_long_ones(transform, tmp_path):
+    short = saved_short_model(tmp_path, transform, without_new_fields=True)
+    extended = OrchidForMaskedLM.from_pretrained(tmp_path, max_position_embeddings=1024).eval()
+    config = extended.config
+    assert (config.max_position_embeddings, config.transform_lengths, config.filter_lag_scale) == (
+        1024, [128, 256, 512, 1024], 128)
+    ids = torch.randint(5, 97, (3, 120))
+    with torch.no_grad():
+        torch.testing.assert_close(extended(ids).logits, short(ids).logits, atol=0, rtol=0)
+        long_logits = extended(torch.randint(5, 97, (1, 1000))).logits
+    assert long_logits.shape == (1, 1000, 97) and torch.isfinite(long_logits).all()
+    # The new positions repeat the learned ones, as long-document encoders extended BERT's.
+    positions = extended.get_position_embeddings().weight
+    torch.testing.assert_close(positions[128:256], positions[:128], atol=0, rtol=0)
+    # Saved and reloaded, and the config alone, agree.
+    extended.save_pretrained(tmp_path / "extended")
+    reloaded = OrchidForMaskedLM.from_pretrained(tmp_path / "extended").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(torch.randint(5, 97, (1, 700))).logits.shape, (1, 700, 97))
+    from_config_alone = AutoConfig.from_pretrained(tmp_path, max_position_embeddings=1024).to_dict()
+    assert {key: value for key, value in from_config_alone.items() if key != "_name_or_path"} == {
+        key: value for key, value in reloaded.config.to_dict().items() if key != "_name_or_path"}
+
+
+def test_an_extended_model_trains_at_the_new_length(tmp_path):
+    saved_short_model(tmp_path)
+    model = OrchidForMaskedLM.from_pretrained(tmp_path, max_position_embeddings=512).train()
+    ids = torch.randint(5, 97, (2, 400))
+    labels = torch.where(torch.rand(2, 400) < 0.3, ids, torch.full_like(ids, -100))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_resizing_to_fewer_positions_and_what_cannot_be_resized():
+    model = OrchidModel(long_config(256))
+    model.resize_position_embeddings(100)
+    assert model.config.max_position_embeddings == 100 and model.config.transform_lengths == [100]
+    assert model(torch.randint(5, 97, (1, 100))).last_hidden_state.shape == (1, 100, 32)
+    with pytest.raises(ValueError, match="the input has length 101 > max_position_embeddings=100"):
+        model(torch.randint(5, 97, (1, 101)))
+    with pytest.raises(ValueError, match="new_num_position_embeddings must be a positive integer, got 0"):
+        model.resize_position_embeddings(0)
+    image_model = OrchidForImageClassification(tiny_image_config())
+    with pytest.raises(ValueError, match="positions are fixed sin-cos embeddings of its patch grid"):
+        image_model.resize_position_embeddings(512)
