@@ -68,9 +68,11 @@ def run_record(folder: Path) -> dict | None:
     return record
 
 
-def collect_runs(runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1) -> list[str]:
+def collect_runs(
+    runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1, runs_at_a_time: int = 2
+) -> list[str]:
     """One JSON per finished run of ``runs_dir`` (a folder with results.json) in ``results_dir``, and
-    ``machine.json``; returns the run names kept."""
+    ``machine.json`` (how the runs shared the machine); returns the run names kept."""
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     kept = []
@@ -81,7 +83,7 @@ def collect_runs(runs_dir: str | Path, results_dir: str | Path, threads_per_run:
             kept.append(folder.name)
     if not kept:
         raise ValueError(f"{runs_dir} has no finished run (a folder with results.json) of scripts/images_2d.sh")
-    machine = machine_description(threads_per_run, runs_at_a_time=1)
+    machine = machine_description(threads_per_run, runs_at_a_time)
     (results_dir / "machine.json").write_text(json.dumps(machine, indent=1) + "\n")
     return kept
 
@@ -210,8 +212,8 @@ def render_report(
         machine = _read(machine_file)
         blocks["machine"] = (
             f"{machine['processor']}, {machine['cpu_count']} cores, {machine['platform']}, torch {machine['torch']}; "
-            f"every run on {machine['threads_per_run']} thread, one run at a time, shared with other work on the "
-            "machine: times compare the models with each other, not with other machines."
+            f"every run on {machine['threads_per_run']} thread(s), {machine['runs_at_a_time']} run(s) at a time: "
+            "times compare the models with each other, not with other machines."
         )
     text = Path(report).read_text()
     for name, content in blocks.items():

@@ -105,7 +105,7 @@ run)
     done
     ;;
 report)
-    $PY scripts/images_2d_report.py --runs "$OUT" --grid_learning_rates $LEARNING_RATES --threads-per-run "$THREADS"
+    $PY scripts/images_2d_report.py --runs "$OUT" --grid_learning_rates $LEARNING_RATES --threads-per-run "$THREADS" --jobs "$JOBS"
     ;;
 *)
     echo "usage: bash scripts/images_2d.sh {prepare|jobs|run|report}" >&2

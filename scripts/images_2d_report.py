@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> dict | str:
     parser.add_argument("--report", default="docs/results/images_2d.md")
     parser.add_argument("--readme", default="README.md", help="Its images-2d block is filled too ('' for none).")
     parser.add_argument("--threads-per-run", type=int, default=1, help="Threads of each run (THREADS), for --runs.")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (JOBS), for --runs.")
     parser.add_argument("--choose", default=None, metavar="pPATCH-MODEL",
                         help="Print the learning rate of that grid in --runs chosen on the validation split, and "
                         "nothing else.")  # fmt: skip
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict | str:
         print(chosen)
         return chosen
     if args.runs:
-        names = collect_runs(args.runs, args.results, args.threads_per_run)
+        names = collect_runs(args.runs, args.results, args.threads_per_run, args.jobs)
         print(f"kept {len(names)} runs in {args.results}")
     blocks = render_report(args.results, args.report, args.grid_learning_rates, args.readme or None)
     print(blocks["test"])
