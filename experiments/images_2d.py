@@ -14,7 +14,7 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.real_data.report import best_grid_point, machine_description
+from experiments.real_data.report import best_grid_point, machine_description, replace_block
 
 GRID_RUN = re.compile(r"^p(?P<patch>\d+)-(?P<model>[a-z0-9-]+?)-lr(?P<lr>[0-9.e-]+)-s(?P<seed>\d+)$")
 CHOSEN_RUN = re.compile(r"^p(?P<patch>\d+)-(?P<model>[a-z0-9-]+?)-chosen-s(?P<seed>\d+)$")
@@ -24,8 +24,7 @@ MODELS = {
     "orchid-2d": "Orchid 2-D (over the patch grid)",
     "orchid-2d-hybrid": "Orchid 2-D hybrid (2-D first, then attention)",
 }
-MARKER = "<!-- images-2d:{name} -->"
-END_MARKER = "<!-- /images-2d:{name} -->"
+BLOCKS = "images-2d"  # the generated blocks of docs/results/images_2d.md and the README: <!-- images-2d:NAME -->
 
 
 def _read(path: Path) -> dict:
@@ -180,16 +179,6 @@ def headline(records: list[dict], learning_rates: list[str]) -> str:
     )
 
 
-def replace_block(text: str, name: str, content: str) -> str:
-    """``text`` with what lies between the markers of block ``name`` replaced by ``content``."""
-    start, end = MARKER.format(name=name), END_MARKER.format(name=name)
-    if start not in text or end not in text:
-        raise ValueError(f"the text has no {start} ... {end} block to fill")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{content}\n{end}{tail}"
-
-
 def render_report(
     results_dir: str | Path, report: str | Path, learning_rates: list[str], readme: str | Path | None = None
 ) -> dict[str, str]:
@@ -217,9 +206,9 @@ def render_report(
         )
     text = Path(report).read_text()
     for name, content in blocks.items():
-        text = replace_block(text, name, content)
+        text = replace_block(text, name, content, BLOCKS)
     Path(report).write_text(text)
     if readme is not None:
         blocks["headline"] = headline(records, learning_rates)
-        Path(readme).write_text(replace_block(Path(readme).read_text(), "headline", blocks["headline"]))
+        Path(readme).write_text(replace_block(Path(readme).read_text(), "headline", blocks["headline"], BLOCKS))
     return blocks
