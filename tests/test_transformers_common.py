@@ -248,9 +248,11 @@ class OrchidImageModelTester:
         self.type_sequence_label_size = type_sequence_label_size
         self.seq_length = (image_size // patch_size) ** 2
 
+    preset = "orchid-vit-cifar-s"
+
     def get_config(self) -> OrchidConfig:
         return OrchidConfig.from_preset(
-            "orchid-vit-cifar-s",
+            self.preset,
             image_size=self.image_size,
             patch_size=self.patch_size,
             num_channels=self.num_channels,
@@ -333,18 +335,7 @@ class OrchidImageModelTest(common.ModelTesterMixin, unittest.TestCase):
 class OrchidImage2dModelTester(OrchidImageModelTester):
     """The image tester's sizes with the 2-D hybrid: a 2-D Orchid layer over the 4 x 4 grid, then ViT's attention."""
 
-    def get_config(self) -> OrchidConfig:
-        return OrchidConfig.from_preset(
-            "orchid-vit-2d-hybrid-s",
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            num_channels=self.num_channels,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            filter_width=16,
-            num_labels=self.type_sequence_label_size,
-        )
+    preset = "orchid-vit-2d-hybrid-s"
 
 
 @skip_what_orchid_does_not_have
@@ -355,5 +346,8 @@ class OrchidImage2dModelTest(OrchidImageModelTest):
         self.model_tester = OrchidImage2dModelTester(self)
         self.config_tester = configuration_common.ConfigTester(
             self, config_class=OrchidConfig, has_text_modality=False, hidden_size=36, image_size=8, patch_size=2,
-            image_mixer="2d", layer_types="orchid-first", common_properties=["hidden_size", "num_hidden_layers"],
+            # A config stores layer_types as a list, one entry per layer (a short form such as "orchid-first" is
+            # expanded when the config is built), so the tester, which reads back what it passed, passes the list.
+            image_mixer="2d", num_hidden_layers=2, layer_types=["orchid", "full_attention"],
+            common_properties=["hidden_size", "num_hidden_layers"],
         )
