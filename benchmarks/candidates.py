@@ -236,7 +236,10 @@ class OnnxRuntimeModel(nn.Module):
 def _onnxruntime_model(quick, length, reference, layers):
     import orchid_hf
 
-    return OnnxRuntimeModel(_orchid_model(lambda _: orchid_hf)(quick, length, reference, layers).eval())
+    # Exported with the one transform length the point's inputs use: an exported graph computes every transform
+    # length of the model's ladder for each row (docs/model.md), where eager PyTorch runs only the one a row needs.
+    config = orchid_config(orchid_hf, quick, length, layers, transform_lengths=[length])
+    return OnnxRuntimeModel(orchid_hf.OrchidModel(config).eval())
 
 
 def _bert_model(quick, length, reference, layers):

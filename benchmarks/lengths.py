@@ -19,16 +19,14 @@ to ``--out-dir``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.measure import git_commit, interleaved_times, machine_info, profiled_peak_bytes
+from benchmarks.measure import git_commit, interleaved_times, machine_info, profiled_peak_bytes, write_result
 
 HIDDEN, HEADS, INTERMEDIATE, VOCAB = 768, 12, 3072, 30522
 SHORT_POSITIONS = (128, 512, 2048, 8192)
@@ -164,10 +162,5 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": machine_info(args.threads),
         "rows": (run_short(args) if "short" in parts else []) + (run_mixed(args) if "mixed" in parts else []),
     }
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "lengths" + (f"_{args.tag}" if args.tag else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out_dir / f"{stem}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_result(result, args.out_dir, "lengths" + (f"_{args.tag}" if args.tag else ""), markdown)
     return result

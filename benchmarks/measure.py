@@ -375,6 +375,17 @@ def git_commit() -> str | None:
     return commit + ("+dirty" if status else "")
 
 
+def write_result(result: dict, out_dir: str | Path, stem: str, markdown: Callable[[dict], str]) -> None:
+    """A script's result as ``STEM.json`` and its tables as ``STEM.md`` in ``out_dir`` (made if missing); the tables
+    are printed too."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    (out_dir / f"{stem}.md").write_text(text)
+    print(text)
+
+
 def load_average() -> float:
     try:
         return round(os.getloadavg()[0], 2)

@@ -18,15 +18,13 @@ to ``--out-dir``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks.candidates import load_modeling, mlm_batch
-from benchmarks.measure import git_commit, interleaved_times, machine_info
+from benchmarks.measure import git_commit, interleaved_times, machine_info, write_result
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE = 64, 2, 4, 256
 IMAGE_BATCH, IMAGE_SIZE, PATCH, CHANNELS, CLASSES = 64, 8, 2, 3, 10
@@ -165,10 +163,5 @@ def main(argv: list[str] | None = None) -> dict:
     args.argv = sys.argv[1:] if argv is None else argv
     args.started = time.strftime("%Y-%m-%d %H:%M:%S")
     result = run(args)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "small_step" + (f"_{args.tag}" if args.tag else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out_dir / f"{stem}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_result(result, args.out_dir, "small_step" + (f"_{args.tag}" if args.tag else ""), markdown)
     return result

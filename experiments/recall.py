@@ -18,8 +18,10 @@ The loss is cross-entropy on the query position only: the masked-LM head's logit
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,6 +42,10 @@ from orchid_hf.modeling.orchid_ops import forward_transform, masked
 from torch import nn
 
 MODELS = ("orchid", "static", "transformer")
+TRANSFORMER_POSITIONS = ("learned", "sinusoidal", "rotary")
+# Seeds of the held-out splits (plus a term for the task's size). Learning rates and warm-ups are chosen on the
+# validation split; the test split is reported.
+SPLIT_SEEDS = {"validation": 2_000_029, "test": 1_000_003}
 # App. C.2: spatial then spectral (Eq. 2), two spatial layers only, two spectral layers only.
 CONDITIONING_LAYOUTS = {"spatial+spectral": (1, 1), "spatial": (2, 0), "spectral": (0, 2)}
 
@@ -120,6 +126,13 @@ class RecallConfig:
     # Experiment only, not an option of the library operator: LayerNorm over channels after the conditioning
     # network's time and frequency convolutions, as the authors' standalone code configures it.
     conditioning_norm: bool = False
+    # Transformer only: "learned" (BertForMaskedLM's table, from N(0, embedding_init_std^2)), "sinusoidal" (the same
+    # table started from sinusoids) or "rotary" (RoFormerForMaskedLM: BERT's blocks with rotary attention).
+    transformer_positions: str = "learned"
+    # Transformer only, a diagnostic: a depthwise convolution of length 3 over the word embeddings, so that every
+    # position starts with its neighbours' tokens (the "shift" that the short convolutions of H3, Hyena and Orchid
+    # provide). Not the paper's Transformer.
+    transformer_shift: bool = False
     # Word embeddings ~ N(0, embedding_init_std^2): the preset's value for Orchid; for the transformer, word and
     # position embeddings alike (attention finds the pair by position, which a 50x weaker table would hide).
     embedding_init_std: float = 1.0
@@ -144,6 +157,7 @@ class RecallConfig:
             "activation": (self.activation, CONDITIONING_ACTIVATIONS),
             "conditioning_layout": (self.conditioning_layout, tuple(CONDITIONING_LAYOUTS)),
             "filter_spectrum": (self.filter_spectrum, FILTER_SPECTRA),
+            "transformer_positions": (self.transformer_positions, TRANSFORMER_POSITIONS),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
@@ -162,6 +176,12 @@ class RecallConfig:
             )
         if self.model == "transformer" and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.model != "transformer" and (self.transformer_shift or self.transformer_positions != "learned"):
+            raise ValueError(
+                f"transformer_shift and transformer_positions apply to model='transformer' only, got "
+                f"model={self.model!r}, transformer_shift={self.transformer_shift}, "
+                f"transformer_positions={self.transformer_positions!r}"
+            )
         if self.conditioning_norm and (self.model != "orchid" or self.conditioning != "abs"):
             raise ValueError(
                 "conditioning_norm applies to model='orchid' with conditioning='abs' only, got "
@@ -191,8 +211,9 @@ class RecallConfig:
         return OrchidConfig.from_preset("orchid-recall", **{**settings, **self.config_overrides})
 
     def bert_config(self):
-        """transformers' BertConfig of the same width and depth; no padding token (token 0 is a key)."""
-        from transformers import BertConfig
+        """transformers' config of the Transformer: BertConfig (learned or sinusoidal positions) or RoFormerConfig
+        (rotary positions), of the same width and depth; no padding token (token 0 is a key)."""
+        from transformers import BertConfig, RoFormerConfig
 
         settings = dict(
             vocab_size=self.vocab_size + 1,
@@ -206,7 +227,8 @@ class RecallConfig:
             type_vocab_size=1,
             pad_token_id=None,
         )
-        return BertConfig(**{**settings, **self.config_overrides})
+        config_class = RoFormerConfig if self.transformer_positions == "rotary" else BertConfig
+        return config_class(**{**settings, **self.config_overrides})
 
 
 class NormalizedConditioning(nn.Module):
@@ -229,17 +251,55 @@ class NormalizedConditioning(nn.Module):
         return self.freq_norm(self.inner.freq_conv(spectrum))
 
 
+def sinusoids(length: int, width: int) -> torch.Tensor:
+    """The Transformer's sinusoidal positions (sin and cos at frequencies 10000^(-2i/width), interleaved), scaled to
+    entries of variance 1; (length, width)."""
+    frequencies = torch.exp(-math.log(10000.0) * torch.arange(0, width, 2) / width)
+    angles = torch.arange(length)[:, None] * frequencies
+    return math.sqrt(2) * torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(length, width)
+
+
+class ShiftedEmbedding(nn.Module):
+    """Word embeddings followed by a depthwise convolution of length 3 along the sequence: each position's vector
+    mixes its own token with the previous and the next one, channel by channel. Keeps the embedding's ``weight``, so
+    that the masked-LM decoder stays tied to it."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        self.embedding = embedding
+        width = embedding.embedding_dim
+        self.shift = nn.Conv1d(width, width, kernel_size=3, padding=1, groups=width)
+        nn.init.normal_(self.shift.weight)  # each channel its own mix of the three tokens, at the words' scale
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.embedding.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.shift(self.embedding(input_ids).transpose(1, 2)).transpose(1, 2)
+
+
 def build_model(config: RecallConfig) -> nn.Module:
     """The run's model, freshly initialised: OrchidForMaskedLM (orchid, static) or BertForMaskedLM (transformer)."""
     config.validate()
     if config.model == "transformer":
-        from transformers import BertForMaskedLM
+        from transformers import BertForMaskedLM, RoFormerForMaskedLM
 
-        model = BertForMaskedLM(config.bert_config())
-        embeddings = model.bert.embeddings
+        if config.transformer_positions == "rotary":
+            model = RoFormerForMaskedLM(config.bert_config())
+            embeddings = model.roformer.embeddings
+        else:
+            model = BertForMaskedLM(config.bert_config())
+            embeddings = model.bert.embeddings
         with torch.no_grad():
             embeddings.word_embeddings.weight.normal_(0.0, config.embedding_init_std)
-            embeddings.position_embeddings.weight.normal_(0.0, config.embedding_init_std)
+            if config.transformer_positions == "learned":
+                embeddings.position_embeddings.weight.normal_(0.0, config.embedding_init_std)
+            elif config.transformer_positions == "sinusoidal":
+                table = sinusoids(config.seq_len, config.hidden_size)
+                embeddings.position_embeddings.weight.copy_(config.embedding_init_std * table)
+        if config.transformer_shift:
+            embeddings.word_embeddings = ShiftedEmbedding(embeddings.word_embeddings)
         return model
     model = OrchidForMaskedLM(config.orchid_config())
     if config.conditioning_norm:
@@ -280,10 +340,31 @@ def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batc
     return {"loss": loss / len(inputs), "accuracy": correct / len(inputs)}
 
 
-def test_set(config: RecallConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out sequences; their seed depends on the task only, so every model sees the same ones."""
-    generator = torch.Generator().manual_seed(1_000_003 + 7919 * config.vocab_size + config.seq_len)
+def held_out_set(config: RecallConfig, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``eval_size`` fixed sequences of the ``"validation"`` or ``"test"`` split. Each split's seed depends on the task
+    and the split only, so every model and run sees the same sequences, and the two splits differ from each other
+    and from the training batches (seeded by the run's seed)."""
+    if split not in SPLIT_SEEDS:
+        raise ValueError(f"split must be one of {tuple(SPLIT_SEEDS)}, got {split!r}")
+    generator = torch.Generator().manual_seed(SPLIT_SEEDS[split] + 7919 * config.vocab_size + config.seq_len)
     return generate_batch(config.eval_size, config.vocab_size, config.seq_len, generator)
+
+
+def most_frequent_value(inputs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The plateau's prediction: the value that occurs most often in each sequence (the lowest token of a tie),
+    (batch,) int64."""
+    values = inputs[:, :-1]
+    counts = F.one_hot(values, vocab_size + 1)[..., vocab_size // 2 : vocab_size].sum(dim=1)
+    return counts.argmax(dim=-1) + vocab_size // 2
+
+
+@functools.cache
+def plateau_accuracy(vocab_size: int, seq_len: int, eval_size: int, split: str = "test") -> float:
+    """How often the most frequent value is the answer on a held-out split: the accuracy of the plateau that every
+    run starts on."""
+    config = RecallConfig(vocab_size=vocab_size, seq_len=seq_len, eval_size=eval_size)
+    inputs, targets = held_out_set(config, split)
+    return (most_frequent_value(inputs, vocab_size) == targets).sum().item() / len(targets)
 
 
 def train(
@@ -292,15 +373,19 @@ def train(
     progress: bool = True,
     result_path: str | Path | None = None,
     extra: dict | None = None,
+    checkpoint_path: str | Path | None = None,
     device: str | torch.device = "cpu",
     stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Trains on freshly generated batches and returns the final metrics and the learning curve.
 
-    ``result_path`` gets the summary (plus ``extra``) after every evaluation, marked ``finished: false``
-    until the last step, so that a run stopped early still leaves its numbers. ``device``: where the model trains (the
-    batches are drawn on the CPU, from the same generator whatever the device). ``stop``: called after every step; when
-    it returns True the run evaluates once more and ends there, before its schedule does (a time budget, say).
+    Every ``eval_every`` steps the model is evaluated on the validation and the test split. ``result_path`` gets the
+    summary (plus ``extra``) after every evaluation, marked ``finished: false`` until the last step, so that a run
+    stopped early still leaves its numbers. With ``checkpoint_path`` the model, optimizer, data stream and curve are
+    saved there at every evaluation, and a run of the same config resumes from that file; it is removed at the end.
+    ``device``: where the model trains (the batches are drawn on the CPU, from the same generator whatever the
+    device). ``stop``: called after every step; when it returns True the run evaluates once more and ends there,
+    before its schedule does (a time budget, say).
     """
     from tqdm.auto import tqdm
 
@@ -309,7 +394,9 @@ def train(
     torch.manual_seed(config.seed)
     model = build_model(config).to(device)
     data = torch.Generator().manual_seed(config.seed + 1)
-    eval_inputs, eval_targets = (tensor.to(device) for tensor in test_set(config))
+    held_out = {
+        split: tuple(tensor.to(device) for tensor in held_out_set(config, split)) for split in ("validation", "test")
+    }
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "embedding" in n]
     optimizer = torch.optim.AdamW(
@@ -317,15 +404,27 @@ def train(
         lr=config.lr,
         betas=(0.9, 0.999),
     )
-    log = open(log_path, "w") if log_path else None  # noqa: SIM115 - closed below
-    curve, running, began = [], [], time.time()
-    bar = tqdm(range(config.steps), disable=not progress, mininterval=10)
+    checkpoint = Path(checkpoint_path) if checkpoint_path else None
+    first, curve, spent = 0, [], 0.0
+    if checkpoint and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True, map_location=device)
+        if state["config"] != asdict(config):
+            changed = {k: (v, asdict(config)[k]) for k, v in state["config"].items() if asdict(config).get(k) != v}
+            raise ValueError(f"checkpoint {checkpoint} belongs to another run; (saved, asked) differ in {changed}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        data.set_state(state["data"])
+        first, curve, spent = state["step"], state["curve"], state["seconds"]
+    log = open(log_path, "a" if first else "w") if log_path else None  # noqa: SIM115 - closed below
+    running, began = [], time.time() - spent
+    bar = tqdm(range(first, config.steps), disable=not progress, mininterval=10)
+    summary = None
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        inputs, targets = (tensor.to(device) for tensor in generate_batch(
-            config.batch_size, config.vocab_size, config.seq_len, data
-        ))
+        inputs, targets = (
+            tensor.to(device) for tensor in generate_batch(config.batch_size, config.vocab_size, config.seq_len, data)
+        )
         loss = F.cross_entropy(query_logits(model, inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -335,36 +434,56 @@ def train(
         running.append(loss.detach())  # read at the evaluations only: on a GPU each read waits for the queue
         stopping = stop is not None and stop()
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps or stopping:
-            point = {
-                "step": step + 1,
-                "train_loss": torch.stack(running).mean().item(),
-                **{f"test_{k}": v for k, v in evaluate(model, eval_inputs, eval_targets).items()},
-                "seconds": round(time.time() - began, 1),
-            }
+            point = {"step": step + 1, "train_loss": torch.stack(running).mean().item()}
+            for split, name in (("validation", "val"), ("test", "test")):
+                point.update({f"{name}_{k}": v for k, v in evaluate(model, *held_out[split]).items()})
+            point["seconds"] = round(time.time() - began, 1)
             running = []
             curve.append(point)
-            bar.set_postfix(loss=f"{point['train_loss']:.3f}", acc=f"{point['test_accuracy']:.3f}")
+            bar.set_postfix(loss=f"{point['train_loss']:.3f}", val=f"{point['val_accuracy']:.3f}")
             if log:
                 log.write(json.dumps(point) + "\n")
                 log.flush()
-            summary = {
-                "config": asdict(config),
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "finished": step + 1 == config.steps,
-                "steps_done": step + 1,
-                "test_accuracy": point["test_accuracy"],
-                "best_test_accuracy": max(p["test_accuracy"] for p in curve),
-                "seconds": point["seconds"],
-                **(extra or {}),
-                "curve": curve,
-            }
+            summary = run_summary(config, model, curve, extra)
             if result_path:
                 Path(result_path).write_text(json.dumps(summary, indent=1))
+            if checkpoint and step + 1 < config.steps and not stopping:
+                state = {
+                    "config": asdict(config),
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "data": data.get_state(),
+                    "step": step + 1,
+                    "curve": curve,
+                    "seconds": point["seconds"],
+                }
+                partial = checkpoint.with_name(checkpoint.name + ".tmp")
+                torch.save(state, partial)
+                partial.replace(checkpoint)  # a stop while saving leaves the previous checkpoint whole
         if stopping:
             break
     if log:
         log.close()
+    if checkpoint:
+        checkpoint.unlink(missing_ok=True)
     return summary
+
+
+def run_summary(config: RecallConfig, model: nn.Module, curve: list[dict], extra: dict | None = None) -> dict:
+    """A run's result: its config, size, the last evaluation and the whole curve."""
+    last = curve[-1]
+    return {
+        "config": asdict(config),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "finished": last["step"] == config.steps,
+        "steps_done": last["step"],
+        "val_accuracy": last["val_accuracy"],
+        "test_accuracy": last["test_accuracy"],
+        "best_test_accuracy": max(p["test_accuracy"] for p in curve),
+        "seconds": last["seconds"],
+        **(extra or {}),
+        "curve": curve,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,9 +505,13 @@ PAPER_NAMES = {"orchid": "Orchid", "static": "Hyena", "transformer": "Transforme
 def describe(config: dict) -> str:
     """A short label of a run's model and its non-default ablation settings."""
     if config["model"] == "transformer":
-        return "transformer (BertForMaskedLM)"
+        positions = config.get("transformer_positions", "learned")
+        name = {"learned": "BertForMaskedLM", "sinusoidal": "BertForMaskedLM, sinusoidal positions",
+                "rotary": "RoFormerForMaskedLM, rotary positions"}[positions]  # fmt: skip
+        shift = " + shift convolution" if config.get("transformer_shift") else ""
+        return f"transformer ({name}){shift}" + other_settings(config)
     if config["model"] != "orchid":
-        return config["model"] + filter_label(config)
+        return config["model"] + filter_label(config) + other_settings(config)
     parts = ["orchid", config["transform"], config["conditioning"]]
     if config["conditioning"] == "xcorr":
         parts.append(config["activation"])
@@ -397,7 +520,17 @@ def describe(config: dict) -> str:
         parts.append(f"depth {config['conditioning_depth']}")
     if config["conditioning_norm"]:
         parts.append("LayerNorm")
-    return " / ".join(parts) + filter_label(config)
+    return " / ".join(parts) + filter_label(config) + other_settings(config)
+
+
+def other_settings(config: dict) -> str:
+    """The settings of a run, outside the model's own label, that differ from the defaults."""
+    defaults = asdict(RecallConfig())
+    names = {"hidden_size": "width", "num_layers": "depth", "num_heads": "heads", "embedding_init_std": "embedding std",
+             "weight_decay": "weight decay", "grad_clip": "clipping"}  # fmt: skip
+    parts = [f"{label} {config[name]:g}" for name, label in names.items() if config[name] != defaults[name]]
+    parts += [f"{name} {value}" for name, value in config["config_overrides"].items()]
+    return "".join(f" / {part}" for part in parts)
 
 
 def filter_label(config: dict) -> str:
@@ -408,55 +541,103 @@ def filter_label(config: dict) -> str:
 
 
 def results_table(paths: list[str | Path]) -> str:
-    """A markdown table of run results (JSON files written by the CLI), with the paper's number beside each."""
+    """A markdown table of run results (JSON files written by the CLI), with the paper's number beside each.
+
+    "val" and "test" are the accuracies after the run's last step on the two held-out splits ("-" for runs that
+    predate the validation split), "most frequent value" the plateau's accuracy on the test split; a run stopped
+    before its schedule ended shows the steps it reached."""
     rows = [
-        "| model | parameters | vocab | length | seed | steps | batch | lr | test acc. % (final / best) | paper % | "
-        "wall time | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | parameters | vocab | length | seed | steps | batch | lr | warm-up | val acc. % | test acc. % | "
+        "most frequent value % | paper % | wall time | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     results = [json.loads(Path(p).read_text()) for p in paths]
-    results.sort(
-        key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"]), r["config"]["seed"])
-    )
+    results.sort(key=lambda r: (r["config"]["seq_len"], r["config"]["vocab_size"], describe(r["config"]),
+                                r["config"]["steps"], r["config"]["lr"], r["config"]["warmup_steps"],
+                                r["config"]["seed"]))  # fmt: skip
     for r in results:
         c = r["config"]
         key = (c["model"], c["vocab_size"], c["seq_len"])
         default = c["model"] != "orchid" or describe(c).startswith("orchid / dct / abs / spatial+spectral")
         paper = PAPER.get(key) if default else None
         paper_text = f"{paper:g} ({PAPER_NAMES[c['model']]})" if paper is not None else "-"
-        # A run stopped early shows the steps it reached out of its schedule's length.
         steps = str(c["steps"]) if r.get("finished", True) else f"{r['steps_done']} of {c['steps']} (stopped)"
+        val = f"{100 * r['val_accuracy']:.1f}" if "val_accuracy" in r else "-"
+        plateau = plateau_accuracy(c["vocab_size"], c["seq_len"], c["eval_size"])
         rows.append(
             f"| {describe(c)} | {r['parameters'] / 1e3:.0f}K | {c['vocab_size']} | {c['seq_len']} | {c['seed']} | "
-            f"{steps} | {c['batch_size']} | "
-            f"{c['lr']:g} | {100 * r['test_accuracy']:.1f} / {100 * r['best_test_accuracy']:.1f} | "
-            f"{paper_text} | {r['seconds'] / 60:.0f} min | {r.get('note', '')} |"
+            f"{steps} | {c['batch_size']} | {c['lr']:g} | {c['warmup_steps']} | {val} | "
+            f"{100 * r['test_accuracy']:.1f} | {100 * plateau:.1f} | {paper_text} | {r['seconds'] / 60:.0f} min | "
+            f"{r.get('note', '')} |"
         )
     return "\n".join(rows) + "\n"
 
 
 def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
-    """Test accuracy against training step for each run, one panel per (vocabulary, length)."""
+    """Validation accuracy against training step for each run (test accuracy for runs without a validation split),
+    one panel per model and task (vocabulary, length); each legend names what differs from the model's defaults."""
     from orchid_hf.extras import require_extra
 
     require_extra("matplotlib", "plot").use("Agg")
     import matplotlib.pyplot as plt
 
     results = [json.loads(Path(p).read_text()) for p in paths]
-    tasks = sorted({(r["config"]["vocab_size"], r["config"]["seq_len"]) for r in results})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 6.5), squeeze=False)
-    for ax, (vocab, length) in zip(axes[0], tasks):
+    order = {name: i for i, name in enumerate(MODELS)}
+    panels = sorted({(r["config"]["seq_len"], r["config"]["vocab_size"], r["config"]["model"]) for r in results},
+                    key=lambda k: (k[0], k[1], order[k[2]]))  # fmt: skip
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 5.5 * rows), squeeze=False)
+    for ax, (length, vocab, model) in zip(axes.flat, panels):
         for r in results:
             c = r["config"]
-            if (c["vocab_size"], c["seq_len"]) == (vocab, length):
+            if (c["seq_len"], c["vocab_size"], c["model"]) == (length, vocab, model):
+                split = "val" if "val_accuracy" in r["curve"][0] else "test"
+                default = describe(asdict(RecallConfig(model=model))).split(" / ")
+                variant = [part for part in describe(c).split(" / ") if part not in default]
+                schedule = [f"seed {c['seed']}", f"{c['steps']} steps", f"lr {c['lr']:g}"]
+                schedule.append(f"warm-up {c['warmup_steps']}")
+                label = ", ".join([*variant, *schedule, *([] if split == "val" else ["test split"])])
                 steps = [p["step"] for p in r["curve"]]
-                ax.plot(steps, [100 * p["test_accuracy"] for p in r["curve"]], marker=".",
-                        label=f"{describe(c)} (seed {c['seed']}, {c['steps']} steps, lr {c['lr']:g})")
-        ax.set(title=f"vocabulary {vocab}, length {length}", xlabel="step", ylabel="test accuracy (%)", ylim=(0, 101))
+                ax.plot(steps, [100 * p[f"{split}_accuracy"] for p in r["curve"]], marker=".", label=label)
+        ax.set(title=f"{model}, vocabulary {vocab}, length {length}", xlabel="step", ylabel="accuracy (%)",
+               ylim=(0, 101))  # fmt: skip
         ax.grid(alpha=0.3)
         # Below the axes: inside, the legend would hide the curves that matter.
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110, bbox_inches="tight")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.subplots_adjust(hspace=0.75, wspace=0.25)
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
+
+# A generated block of a results page: a marker naming the run files (a glob under the runs folder), the block's
+# content, and an end marker. "table" blocks hold results_table; "figure" blocks link a PNG of plot_curves.
+GENERATED_BLOCK = re.compile(
+    r"(?P<head><!-- generated (?P<kind>table|figure) (?P<pattern>\S+)(?: (?P<png>\S+))? -->\n)"
+    r"(?P<body>.*?)(?P<tail><!-- end generated -->)",
+    re.S,
+)
+
+
+def render_page(text: str, runs: str | Path, figures: str | Path | None = None) -> str:
+    """The page ``text`` with every generated block rebuilt from the run files under ``runs``; with ``figures`` (a
+    folder), the figures are drawn there too."""
+    runs = Path(runs)
+
+    def rebuild(match: re.Match) -> str:
+        paths = sorted(runs.glob(match["pattern"]))
+        if not paths:
+            raise ValueError(f"no run files match {match['pattern']!r} under {runs}")
+        if match["kind"] == "table":
+            body = results_table(paths)
+        else:
+            if not match["png"]:
+                raise ValueError(f"the figure block of {match['pattern']!r} names no PNG file")
+            if figures is not None:
+                plot_curves(paths, Path(figures) / match["png"])
+            body = f"![learning curves]({match['png']})\n"
+        return match["head"] + body + match["tail"]
+
+    return GENERATED_BLOCK.sub(rebuild, text)

@@ -12,7 +12,7 @@ from .modeling_orchid import (
     OrchidModel,
     OrchidPreTrainedModel,
 )
-from .orchid_layers import BlockDiagonalLinear, OperatorSettings, OrchidOperator
+from .orchid_layers import BlockDiagonalLinear, OperatorSettings, OrchidOperator, OrchidOperator2d
 from .orchid_ops import dct, idct, long_convolution
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "OrchidModel",
     "OperatorSettings",
     "OrchidOperator",
+    "OrchidOperator2d",
     "OrchidPreTrainedModel",
     "dct",
     "idct",

@@ -11,11 +11,18 @@ from typing import ClassVar
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
-from .orchid_layers import OperatorSettings, extended_transform_lengths, is_integer
+from .orchid_layers import FILTER_WINDOWS, OperatorSettings, extended_transform_lengths, is_integer
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+IMAGE_MIXERS = ("1d", "2d")
+# The mixers a layer may have (layer_types): the Orchid operator, or transformers' ViT self-attention under the name
+# transformers gives global attention in its configs ("attention" is renamed to it by PreTrainedConfig itself).
+LAYER_TYPES = ("orchid", "full_attention")
+# The short forms of layer_types: Hyena N-D's stacks (Sec. 4 of that paper), each for any number of layers; where the
+# layers are odd, the first kind gets the extra one.
+LAYER_PATTERNS = ("orchid", "attention", "orchid-first", "attention-first", "alternate")
 # Keyword arguments PreTrainedConfig takes besides its fields (it turns them into attributes or drops them).
 TRANSFORMERS_KEYWORDS = (
     "num_labels", "torch_dtype", "name_or_path", "output_attentions", "attn_implementation", "experts_implementation",
@@ -30,7 +37,8 @@ BUILD_FIELDS = (
     *(field.name for field in fields(OperatorSettings)),
     "hidden_size", "num_hidden_layers", "intermediate_size", "hidden_act", "hidden_dropout_prob",
     "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pre_norm", "mlp_type", "mlp_num_blocks",
-    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels",
+    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels", "image_mixer",
+    "filter_window", "layer_types", "num_attention_heads", "attention_probs_dropout_prob", "qkv_bias",
 )  # fmt: skip
 
 # The CIFAR-10 models of Table 4.5 / C.3 differ only in width. As for ImageNet (Sec. 4.3), the MLPs are block-diagonal
@@ -87,6 +95,13 @@ PRESETS: dict[str, dict] = {
     ),
     "orchid-vit-cifar-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=512),
     "orchid-vit-cifar-m": dict(CIFAR_VIT, hidden_size=220, intermediate_size=880),
+    # Orchid-s with the 2-D operator over the patch grid, and the hybrid of Hyena N-D's best stack ("Hyena first"):
+    # 2-D Orchid layers first, then transformers' ViT self-attention (4 heads of 32), the same width and MLPs.
+    "orchid-vit-2d-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=512, image_mixer="2d"),
+    "orchid-vit-2d-hybrid-s": dict(
+        CIFAR_VIT, hidden_size=128, intermediate_size=512, image_mixer="2d", layer_types="orchid-first",
+        num_attention_heads=4,
+    ),  # fmt: skip
     # The synthetic-task model of App. C.1: 2 blocks of width 64, short convolutions of length 3 in time and
     # frequency. Pre-norm blocks, no dropout and word embeddings drawn from N(0, 1) let it learn associative recall
     # (docs/results/associative_recall.md); vocab_size and max_position_embeddings are the task's.
@@ -154,9 +169,20 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     ``initializer_range`` is the standard deviation of BERT's initialisation; ``word_embedding_init_std``, when set,
     replaces it for the word embeddings (the ``orchid-recall`` preset draws them from N(0, 1), see docs/model.md).
     ``pre_norm`` puts LayerNorm before each sublayer (ViT) instead of after the residual (BERT).
+    ``chunk_size_feed_forward`` (transformers' field, read as BERT reads it): everything after each layer's mixer (the
+    residual sums, the LayerNorms and the MLP) acts on each token alone and runs on runs of this many tokens, so that
+    the MLP's wide intermediate tensors stay small on long inputs; 0 runs all tokens at once.
     ``classifier_pooling``: ``"first"`` real token or ``"mean"`` over real tokens for sequence classification. The
     default stays ``"first"`` (a config.json without the field gets it); the recipe for one's own data sets ``"mean"``
     for a new head (docs/model.md, "Pooling").
+
+    Image models: ``image_mixer`` ``"1d"`` mixes the patches as one sequence, row after row (the paper's Orchid-ViT),
+    ``"2d"`` over their grid (``OrchidOperator2d``), whose implicit filters have the window ``filter_window``
+    (``"dimensional"``, the default, or ``"symmetric"``; 2-D only). ``layer_types`` gives each layer's mixer,
+    ``"orchid"`` or ``"full_attention"`` (transformers' ViT self-attention, with ``num_attention_heads``,
+    ``attention_probs_dropout_prob`` and ``qkv_bias``), as a list of ``num_hidden_layers`` entries or a short form of
+    ``LAYER_PATTERNS`` (``"orchid-first"``: Orchid for the first half of the layers, attention for the rest); None is
+    Orchid in every layer.
     """
 
     model_type = "orchid"
@@ -184,9 +210,19 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     image_size: int | None = None
     patch_size: int | None = None
     num_channels: int = 3
+    image_mixer: str = "1d"
+    filter_window: str | None = None
+    layer_types: list[str] | None = None
+    num_attention_heads: int = 4
+    attention_probs_dropout_prob: float = 0.0
+    qkv_bias: bool = True
+    chunk_size_feed_forward: int = 1024
 
     def __post_init__(self, **kwargs):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        # The short form first: PreTrainedConfig renames legacy entries of a layer_types list, and would split a string.
+        if isinstance(self.layer_types, str):
+            self.layer_types = layer_pattern(self.layer_types, self.num_hidden_layers)
         # transformers keeps unknown keywords as attributes on purpose (custom fields; keys of configs saved by other
         # versions), so a misspelt field cannot be an error here: it is a warning naming the field meant.
         for name in kwargs:
@@ -262,6 +298,11 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
         return (self.image_size // self.patch_size) ** 2
 
     @property
+    def resolved_layer_types(self) -> list[str]:
+        """Each layer's mixer: ``layer_types``, or Orchid in every layer."""
+        return list(self.layer_types) if self.layer_types is not None else ["orchid"] * self.num_hidden_layers
+
+    @property
     def max_sequence_length(self) -> int:
         """Transform length of every Orchid operator: the number of patches, or max_position_embeddings."""
         return self.num_patches if self.is_vision else self.max_position_embeddings
@@ -325,6 +366,15 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
         elif self.patch_size is not None:
             raise ValueError(f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not")
         self.resolved_transform_lengths(self.max_sequence_length, "OrchidConfig")
+        self._check_mixers()
+        if self.image_mixer == "2d":
+            side = self.image_size // self.patch_size
+            for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
+                if getattr(self, name) > side:
+                    raise ValueError(
+                        f"OrchidConfig.{name}={getattr(self, name)} is larger than the {side} x {side} grid of patches "
+                        f"(image_size / patch_size = {self.image_size} / {self.patch_size}) of the 2-D mixer"
+                    )
         length_field = "the number of patches" if self.is_vision else "max_position_embeddings"
         for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
             if getattr(self, name) > self.max_sequence_length:
@@ -336,6 +386,88 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             raise ValueError(f"OrchidConfig.num_labels must be >= 1, got {self.num_labels}")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"OrchidConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+
+    def validate(self) -> None:
+        """PreTrainedConfig's validation, which ``save_pretrained`` runs: each of its validators, with this class's
+        own ``validate_layer_type`` (transformers' allows only transformers' layer names, which "orchid" is not)."""
+        for name in dir(PreTrainedConfig):
+            if name.startswith("validate_") and callable(getattr(PreTrainedConfig, name)):
+                getattr(self, name)()
+
+    def validate_layer_type(self) -> None:
+        """``layer_types`` with Orchid's layer types (:meth:`_check_mixers`)."""
+        self._check_mixers()
+
+    def _check_mixers(self) -> None:
+        """A ValueError naming the field, for the image mixer, the filters' window and the layer types."""
+        if self.image_mixer not in IMAGE_MIXERS:
+            raise ValueError(f"OrchidConfig.image_mixer must be one of {IMAGE_MIXERS}, got {self.image_mixer!r}")
+        if self.image_mixer == "2d" and not self.is_vision:
+            raise ValueError("OrchidConfig.image_mixer='2d' mixes a grid of patches: it needs an image config "
+                             "(image_size and patch_size)")
+        if self.image_mixer == "2d" and self.filter_lag_scale is not None:
+            raise ValueError(
+                f"OrchidConfig.filter_lag_scale={self.filter_lag_scale} does not apply to image_mixer='2d', whose "
+                "filters measure each axis's lags over its own length; leave it None"
+            )
+        if self.filter_window is not None:
+            if self.filter_window not in FILTER_WINDOWS:
+                raise ValueError(
+                    f"OrchidConfig.filter_window must be one of {FILTER_WINDOWS} (or None), got {self.filter_window!r}"
+                )
+            if self.image_mixer != "2d":
+                raise ValueError(
+                    f"OrchidConfig.filter_window={self.filter_window!r} is the window of the 2-D filters: it needs "
+                    f"image_mixer='2d', got image_mixer={self.image_mixer!r}"
+                )
+        if self.layer_types is None:
+            return
+        types = self.layer_types
+        if not isinstance(types, (list, tuple)) or any(kind not in LAYER_TYPES for kind in types):
+            raise ValueError(
+                f"OrchidConfig.layer_types must be a list of {LAYER_TYPES} (one per layer) or one of "
+                f"{LAYER_PATTERNS}, got {types!r}"
+            )
+        if len(types) != self.num_hidden_layers:
+            raise ValueError(
+                f"OrchidConfig.layer_types has {len(types)} entries, num_hidden_layers={self.num_hidden_layers}"
+            )
+        if "full_attention" in types:
+            if not self.is_vision:
+                raise ValueError(
+                    "OrchidConfig.layer_types has attention layers, which image models have (ViT's self-attention "
+                    "without an attention mask); a text config (image_size None) cannot have them"
+                )
+            heads = self.num_attention_heads
+            if not is_integer(heads) or heads < 1 or self.hidden_size % heads:
+                raise ValueError(
+                    f"OrchidConfig.num_attention_heads={heads!r} must be a positive integer dividing "
+                    f"hidden_size={self.hidden_size}"
+                )
+            dropout = self.attention_probs_dropout_prob
+            if not (is_number(dropout) and 0.0 <= dropout < 1.0):
+                raise ValueError(f"OrchidConfig.attention_probs_dropout_prob must be in [0, 1), got {dropout!r}")
+
+
+def layer_pattern(name: str, num_layers: int) -> list[str]:
+    """The ``layer_types`` of a short form (``LAYER_PATTERNS``) for ``num_layers`` layers."""
+    if name not in LAYER_PATTERNS:
+        raise ValueError(
+            f"OrchidConfig.layer_types={name!r} is not a short form; use one of {LAYER_PATTERNS} or a list of "
+            f"{LAYER_TYPES}, one per layer"
+        )
+    if not is_integer(num_layers) or num_layers < 1:
+        raise ValueError(f"OrchidConfig.num_hidden_layers must be a positive integer, got {num_layers!r}")
+    first = (num_layers + 1) // 2
+    orchid, attention = "orchid", "full_attention"
+    patterns = {
+        "orchid": [orchid] * num_layers,
+        "attention": [attention] * num_layers,
+        "orchid-first": [orchid] * first + [attention] * (num_layers - first),
+        "attention-first": [attention] * first + [orchid] * (num_layers - first),
+        "alternate": [orchid if index % 2 == 0 else attention for index in range(num_layers)],
+    }
+    return patterns[name]
 
 
 def is_number(value) -> bool:

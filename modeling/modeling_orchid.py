@@ -26,6 +26,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import PreTrainedModel
+from transformers.models.vit.modeling_vit import ViTAttention
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 from transformers.utils.generic import can_return_tuple
@@ -36,7 +37,9 @@ from .orchid_layers import (
     DerivedBuffers,
     FoldedFilter,
     ImplicitFilter,
+    ImplicitFilter2d,
     OrchidOperator,
+    OrchidOperator2d,
     ShortConvolution,
     Sin,
     check_attention_mask,
@@ -44,7 +47,7 @@ from .orchid_layers import (
     is_integer,
     value_range,
 )
-from .orchid_ops import SequenceLayout, masked
+from .orchid_ops import SequenceLayout, is_traced, masked
 
 logger = logging.get_logger(__name__)
 
@@ -161,17 +164,31 @@ class OrchidMLP(nn.Module):
         return self.dropout(self.down_proj(hidden_states))
 
 
+def sequence_mixer(config: OrchidConfig, layer_type: str) -> nn.Module:
+    """The mixer of a layer of ``layer_type`` (``config.layer_types``): the Orchid operator along the sequence
+    (``OrchidOperator``) or, for ``image_mixer="2d"``, over the patch grid (``OrchidOperator2d``); or transformers'
+    ViT self-attention (``"full_attention"``), reused as it is."""
+    if layer_type == "full_attention":
+        return ViTAttention(config)
+    if config.image_mixer == "2d":
+        return OrchidOperator2d.from_config(config)
+    return OrchidOperator.from_config(config)
+
+
 class OrchidLayer(GradientCheckpointingLayer):
-    """One block: the Orchid sequence mixer and the MLP, each with a residual connection and LayerNorm.
+    """One block: a sequence mixer and the MLP, each with a residual connection and LayerNorm. The mixer is the Orchid
+    operator, or in the layers that ``config.layer_types`` marks ``"full_attention"`` ViT's self-attention
+    (:func:`sequence_mixer`).
 
     Post-norm (BERT, M2-BERT): ``x = LN(x + mixer(x)); x = LN(x + mlp(x))``.
     Pre-norm (ViT): ``x = x + mixer(LN(x)); x = x + mlp(LN(x))``.
     """
 
-    def __init__(self, config: OrchidConfig):
+    def __init__(self, config: OrchidConfig, layer_type: str = "orchid"):
         super().__init__()
         self.pre_norm = config.pre_norm
-        self.mixer = OrchidOperator.from_config(config)
+        self.chunk_size_feed_forward = config.chunk_size_feed_forward
+        self.mixer = sequence_mixer(config, layer_type)
         self.mixer_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = OrchidMLP(config)
@@ -181,19 +198,40 @@ class OrchidLayer(GradientCheckpointingLayer):
         """``layout``: where the real tokens are and each row's transform length (:class:`SequenceLayout`), computed by
         ``OrchidModel``; None: every position is real."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
-        layout = self.mixer.layout(mixer_input, None) if layout is None else layout
-        mixed = self.mixer_dropout(self.mixer(mixer_input, layout=layout))
+        mixed = self.mixer_dropout(self.mix(mixer_input, layout))
+        # Everything after the mixer acts on each token alone: runs of chunk_size_feed_forward tokens keep the MLP's
+        # wide intermediate tensors small, where whole ones would take fresh pages from the operating system on every
+        # call (`scripts/benchmark.py --parts model` times long inputs). Compiled or exported, one run: the compiler
+        # plans the memory, and a branch on the token count would tie the graph to one side of it.
+        size = self.chunk_size_feed_forward
+        if size <= 0 or is_traced() or hidden_states.shape[0] * hidden_states.shape[1] <= size:
+            return self.feed_forward(hidden_states, mixed)
+        width = hidden_states.shape[-1]
+        chunks = zip(hidden_states.reshape(-1, width).split(size), mixed.reshape(-1, width).split(size))
+        return torch.cat([self.feed_forward(*chunk) for chunk in chunks]).view(hidden_states.shape)
+
+    def feed_forward(self, hidden_states: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The residual connection around the mixer, and the MLP with its own, with their LayerNorms."""
         if self.pre_norm:
             hidden_states = hidden_states + mixed
             return hidden_states + self.mlp(self.mlp_norm(hidden_states))
         hidden_states = self.mixer_norm(hidden_states + mixed)
         return self.mlp_norm(hidden_states + self.mlp(hidden_states))
 
+    def mix(self, hidden_states: torch.Tensor, layout: SequenceLayout | None) -> torch.Tensor:
+        """The mixer's output for ``hidden_states`` (B, L, d)."""
+        if isinstance(self.mixer, OrchidOperator):
+            layout = self.mixer.layout(hidden_states, None) if layout is None else layout
+            return self.mixer(hidden_states, layout=layout)
+        if isinstance(self.mixer, ViTAttention):
+            return self.mixer(hidden_states)[0]  # the images of a batch have no padding: no attention mask
+        return self.mixer(hidden_states)  # OrchidOperator2d, over the grid of patches it was built for
+
 
 class OrchidEncoder(nn.Module):
     def __init__(self, config: OrchidConfig):
         super().__init__()
-        self.layer = nn.ModuleList(OrchidLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(OrchidLayer(config, layer_type) for layer_type in config.resolved_layer_types)
         # Pre-norm stacks end with a LayerNorm, as ViT does.
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
 
@@ -221,6 +259,8 @@ class OrchidPreTrainedModel(PreTrainedModel):
     base_model_prefix = "orchid"
     supports_gradient_checkpointing = True
     _no_split_modules = ["OrchidLayer"]
+    # The attention layers of hybrid image models (layer_types) are ViT's, which dispatch to SDPA like ViT's own.
+    _supports_sdpa = True
     # The implicit filters' sine features of the lag and the conditioning network, which feeds the transforms, stay
     # in float32 when the model is loaded or built in half precision.
     _keep_in_fp32_modules_strict = ["static_filter", "residual_filter", "conditioning"]
@@ -320,9 +360,9 @@ class OrchidPreTrainedModel(PreTrainedModel):
             # With BERT's std 0.02 the gates s1, s2 and the value v would start near zero and their product, the
             # mixer's output, some 1e-7 of its input.
             init.kaiming_uniform_(module.weight, a=math.sqrt(5))
-            bound = 1 / math.sqrt(module.kernel_size)
+            bound = 1 / math.sqrt(module.fan_in)
             init.uniform_(module.bias, -bound, bound)
-        elif isinstance(module, ImplicitFilter):
+        elif isinstance(module, (ImplicitFilter, ImplicitFilter2d)):
             for layer in module.ffn:
                 if isinstance(layer, nn.Linear):
                     init.kaiming_uniform_(layer.weight, a=math.sqrt(5))
@@ -376,8 +416,9 @@ def check_ids(name: str, ids: torch.Tensor | None, shape: tuple[int, int], size:
 # would give a silently wrong result if ignored: None (or False) is accepted and means nothing here; anything else is a
 # ValueError saying why.
 UNSUPPORTED_KEYWORDS = {
-    "output_attentions": "Orchid has no attention maps (its sequence mixer is a long convolution); "
-    "output_hidden_states=True gives the hidden states of every layer",
+    "output_attentions": "Orchid has no attention maps to return (its sequence mixer is a long convolution; the "
+    "attention layers of hybrid image models do not return theirs); output_hidden_states=True gives the hidden states "
+    "of every layer",
     "head_mask": "Orchid has no attention heads to mask",
     "encoder_hidden_states": "Orchid is an encoder without cross-attention",
     "encoder_attention_mask": "Orchid is an encoder without cross-attention",

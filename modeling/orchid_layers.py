@@ -24,14 +24,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from .orchid_ops import (
+    ALL_CHANNELS,
     SequenceLayout,
+    channel_blocks,
     dct,
     forward_transform,
+    forward_transform_2d,
+    gated_convolution,
     gated_long_convolution,
+    is_traced,
     kernel_spectrum,
+    kernel_spectrum_2d,
     long_convolution,
+    long_convolution_2d,
     masked,
+    of_channels,
     short_convolution,
+    short_convolution_2d,
     zero_padded,
 )
 
@@ -87,6 +96,8 @@ class ShortConvolution(nn.Module):
     (the FFT path, Sec. 3.2); otherwise it pads with zeros (the DCT path, and the frequency axis).
     """
 
+    dimensions = 1  # the axes it convolves over (ShortConvolution2d: 2)
+
     def __init__(self, channels: int, kernel_size: int, circular: bool = False):
         super().__init__()
         if kernel_size < 1 or kernel_size % 2 == 0:
@@ -94,33 +105,61 @@ class ShortConvolution(nn.Module):
         self.channels = channels
         self.kernel_size = kernel_size
         self.circular = circular
-        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+        self.weight = nn.Parameter(torch.empty(channels, 1, *[kernel_size] * self.dimensions))
         self.bias = nn.Parameter(torch.empty(channels))
         self.reset_parameters()
 
+    @property
+    def fan_in(self) -> int:
+        """The inputs of each output: the kernel's taps (one channel)."""
+        return self.kernel_size**self.dimensions
+
     def reset_parameters(self) -> None:
-        # nn.Conv1d's initialisation: a fan-in of kernel_size per channel.
+        # nn.Conv1d's (nn.Conv2d's) initialisation: a fan-in of the kernel's taps per channel.
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        bound = 1 / math.sqrt(self.kernel_size)
+        bound = 1 / math.sqrt(self.fan_in)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS):
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
-        transform is zero-padded to it, so its circle closes over zeros."""
+        transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
+        of the module's channels x holds (the operator mixes long inputs a block of channels at a time)."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        return short_convolution(x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.circular and wrap)
+        weight, bias = of_channels(self.weight, channels, 0).to(x.dtype), of_channels(self.bias, channels).to(x.dtype)
+        return short_convolution(x, weight, bias, self.circular and wrap)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel_size={self.kernel_size}, circular={self.circular}"
 
 
-class ShortConvolutionStack(nn.Module):
-    """``depth`` short convolutions in a row (App. C.1 uses 1, and 3 for the hardest recall task). Masked positions
-    are zeroed before each one, so that padding never reaches a real position."""
+class ShortConvolution2d(ShortConvolution):
+    """:class:`ShortConvolution` over a grid of patches: a centred depthwise ``k x k`` convolution on ``(batch, rows,
+    columns, channels)`` inputs (Hyena N-D's short filter, a standard 2-D convolution), with the parameters of
+    ``nn.Conv2d(channels, channels, k, groups=channels)``. ``circular=True`` wraps around both axes, which keeps it
+    exactly equivariant to shifts on the torus (the FFT path); otherwise it pads with zeros."""
 
-    def __init__(self, channels: int, kernel_size: int, depth: int, circular: bool = False):
+    dimensions = 2
+
+    def forward(self, x: torch.Tensor, wrap: bool = True) -> torch.Tensor:
+        """x: (B, H, W, C) -> (B, H, W, C)."""
+        return short_convolution_2d(x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.circular and wrap)
+
+
+class ShortConvolutionStack(nn.Module):
+    """``depth`` short convolutions in a row (App. C.1 uses 1, and 3 for the hardest recall task), each a
+    ``convolution`` (:class:`ShortConvolution`, or :class:`ShortConvolution2d` over a grid). Masked positions are
+    zeroed before each one, so that padding never reaches a real position."""
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int,
+        depth: int,
+        circular: bool = False,
+        convolution: type[ShortConvolution] = ShortConvolution,
+    ):
         super().__init__()
-        self.layers = nn.ModuleList(ShortConvolution(channels, kernel_size, circular) for _ in range(depth))
+        self.layers = nn.ModuleList(convolution(channels, kernel_size, circular) for _ in range(depth))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, wrap: bool = True) -> torch.Tensor:
         for layer in self.layers:
@@ -166,6 +205,22 @@ def lag_embedding(n: int, emb_dim: int, layout: str, scale: int | None = None) -
     if 1 + 2 * bands < emb_dim:
         features.append(torch.zeros(n, emb_dim - 1 - 2 * bands, dtype=torch.float32, device="cpu"))
     return torch.cat(features, dim=-1)
+
+
+def filter_network(features: int, width: int, depth: int, channels: int, sin_frequency: float) -> nn.Sequential:
+    """The FFN of an implicit filter, ``Linear -> Sin -> (Linear -> Sin) x depth -> Linear``, from ``features``
+    positional features to a kernel value per channel (Hyena's implicit filter)."""
+    layers: list[nn.Module] = [nn.Linear(features, width), Sin(width, sin_frequency)]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), Sin(width, sin_frequency)]
+    layers.append(nn.Linear(width, channels, bias=False))
+    return nn.Sequential(*layers)
+
+
+def channel_decay_rates(rates: tuple[float, float], count: int) -> torch.Tensor:
+    """``count`` decay rates evenly from ``rates[0]`` (the slowest) to ``rates[1]`` (the fastest), float32."""
+    # Built on the CPU explicitly: transformers may construct the model under a meta-device context.
+    return torch.linspace(*rates, count, dtype=torch.float32, device="cpu")
 
 
 class DerivedBuffers(nn.Module):
@@ -237,11 +292,7 @@ class ImplicitFilter(DerivedBuffers):
         self.sin_frequency = sin_frequency
         self.decay = decay
         self.decay_rates = (math.log(1 / decay_target) / slow_decay_pct, math.log(1 / decay_target) / fast_decay_pct)
-        layers: list[nn.Module] = [nn.Linear(emb_dim, width), Sin(width, sin_frequency)]
-        for _ in range(depth):
-            layers += [nn.Linear(width, width), Sin(width, sin_frequency)]
-        layers.append(nn.Linear(width, channels, bias=False))
-        self.ffn = nn.Sequential(*layers)
+        self.ffn = filter_network(emb_dim, width, depth, channels, sin_frequency)
         self.skip = nn.Parameter(torch.randn(channels))
         for name, value in self.derived_buffers().items():
             self.register_buffer(name, value, persistent=False)
@@ -260,8 +311,7 @@ class ImplicitFilter(DerivedBuffers):
         lags = kernel_lags(self.length, self.transform).abs().unsqueeze(-1) / max(self.lag_scale, 1)
         if not self.decay:
             return {"decay_lags": lags, "channel_rates": torch.zeros(self.channels, dtype=torch.float32, device="cpu")}
-        rates = torch.linspace(*self.decay_rates, self.channels, dtype=torch.float32, device="cpu")
-        return {"decay_lags": lags, "channel_rates": rates}
+        return {"decay_lags": lags, "channel_rates": channel_decay_rates(self.decay_rates, self.channels)}
 
     def resize(self, length: int) -> None:
         """Serve transform lengths up to ``length``, keeping ``lag_scale``: the kernel at every lag stays as it was."""
@@ -277,30 +327,163 @@ class ImplicitFilter(DerivedBuffers):
             return buffer[:n]
         return torch.cat([buffer[: n // 2 + 1], buffer[self.length - (n - 1 - n // 2) :]])
 
-    def envelope(self, n: int | None = None) -> torch.Tensor:
+    def envelope(self, n: int | None = None, channels: slice = ALL_CHANNELS) -> torch.Tensor:
         """``exp(-|t| * rate_c)`` on the lags of a length-``n`` kernel (default ``length``), (n, channels), float32."""
-        return torch.exp(-self.lags_of(self.decay_lags, n) * self.channel_rates)
+        return torch.exp(-self.lags_of(self.decay_lags, n) * of_channels(self.channel_rates, channels))
 
-    def forward(self, n: int | None = None) -> torch.Tensor:
+    def forward(
+        self, n: int | None = None, channels: slice = ALL_CHANNELS, response: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The kernel h0 in the time domain for transform length ``n`` (default ``length``), (n, channels), in the
-        filter's dtype."""
-        return self.lag_response(n) * self.envelope(n).to(self.skip.dtype)
+        filter's dtype; of ``channels`` only if given, from ``response`` (:meth:`lag_response`, all channels) where
+        the caller has computed it."""
+        response = self.lag_response(n) if response is None else response
+        return of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)
 
     def lag_response(self, n: int | None = None) -> torch.Tensor:
         """FFN(PosEmb(t)), (n, channels): the kernel before its decay, from one call of the FFN."""
         # The skip parameter tells the filter's dtype; the constant features follow it.
         return self.ffn(self.lags_of(self.lag_features, n).to(self.skip.dtype))
 
-    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
+    def spectrum(
+        self,
+        dtype: torch.dtype,
+        n: int | None = None,
+        channels: slice = ALL_CHANNELS,
+        response: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` in ``dtype`` for transform length ``n`` (default ``length``): (n,
-        channels) under the DCT, (n // 2 + 1, channels) under the FFT."""
-        kernel = self(n).to(dtype)
+        channels) under the DCT, (n // 2 + 1, channels) under the FFT; of ``channels`` only if given. ``response`` is
+        :meth:`lag_response` for all channels where the caller has computed it (the operator computes it once for all
+        its channel blocks)."""
+        kernel = self(n, channels, response).to(dtype)
         multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + self.skip.to(dtype)
+        return multiplier + of_channels(self.skip, channels).to(dtype)
 
     def extra_repr(self) -> str:
         scale = "" if self.lag_scale == self.length else f", lag_scale={self.lag_scale}"
         return f"channels={self.channels}, length={self.length}, transform={self.transform!r}{scale}"
+
+
+FILTER_WINDOWS = ("dimensional", "symmetric")
+
+
+def grid_lag_features(grid: tuple[int, int], emb_dim: int, layout: str) -> torch.Tensor:
+    """PE(i, j) of Hyena N-D's 2-D filters (Eq. 3): :func:`lag_embedding` of the row lag i and of the column lag j
+    side by side, each over its own axis's length, shape (rows, columns, 2 emb_dim)."""
+    rows, columns = grid
+    row = lag_embedding(rows, emb_dim, layout).unsqueeze(1).expand(rows, columns, emb_dim)
+    column = lag_embedding(columns, emb_dim, layout).unsqueeze(0).expand(rows, columns, emb_dim)
+    return torch.cat([row, column], dim=-1)
+
+
+class ImplicitFilter2d(DerivedBuffers):
+    """A static kernel over the lags of a grid, ``h0(i, j) = FFN(PE(i, j)) * window(i, j)`` (Hyena N-D, Eq. 3), and
+    its multiplier in the 2-D transform domain: :class:`ImplicitFilter` with a row and a column lag.
+
+    PE(i, j) is the 1-D filter's lag embedding of the row lag and of the column lag side by side
+    (:func:`grid_lag_features`), each lag measured over its axis's length; the FFN is the 1-D filter's
+    (:func:`filter_network`) on these ``2 * emb_dim`` features, and ``skip`` its ``D`` term. Along each axis the lags
+    look both ways, as in 1-D: signed and circular under the FFT, 0 .. N-1 of a kernel even along each axis under the
+    DCT.
+
+    The window falls with the lag along each axis (Hyena N-D's Eq. 5 and 6, without their constant gamma, as the 1-D
+    filter's decay has none), with the 1-D filter's range of rates, from slow to fast:
+
+    - ``"dimensional"`` (Eq. 6, the default): ``exp(-(alpha_c |t_i| + beta_c |t_j|))``, a rate per channel along each
+      axis, so that a channel may reach far along the rows and stay local along the columns, or the reverse. Hyena
+      N-D found it better than the symmetric window and made it its standard. It draws the pairs (alpha_c, beta_c) as
+      shuffled rates; here they lie on a fixed grid over the range of rates, which gives the same spread of pairs in
+      every process (a derived buffer cannot depend on a random draw).
+    - ``"symmetric"`` (Eq. 5): ``exp(-alpha_c (|t_i| + |t_j|))``, the 1-D filter's rate of each channel along both axes.
+
+    ``spectrum`` as for the 1-D filter: under the DCT, ``"listing1"`` takes the 2-D DCT of h0 as the multiplier,
+    ``"convolution"`` the spectrum of the symmetric convolution with h0 (:func:`kernel_spectrum_2d`); under the FFT
+    both are the circular convolution on the torus.
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        grid: tuple[int, int],
+        transform: str = "dct",
+        emb_dim: int = 5,
+        width: int = 128,
+        depth: int = 2,
+        sin_frequency: float = 1.0,
+        decay: bool = True,
+        spectrum: str = "listing1",
+        window: str = "dimensional",
+        fast_decay_pct: float = 0.3,
+        slow_decay_pct: float = 1.5,
+        decay_target: float = 1e-2,
+    ):
+        super().__init__()
+        if window not in FILTER_WINDOWS:
+            raise ValueError(f"ImplicitFilter2d.window must be one of {FILTER_WINDOWS}, got {window!r}")
+        self.channels = channels
+        self.grid = (int(grid[0]), int(grid[1]))
+        # The grid's positions: the length FoldedFilter (optimize_for_inference) keys the multiplier by.
+        self.length = self.grid[0] * self.grid[1]
+        self.transform = transform
+        self.listing1 = transform == "dct" and spectrum == "listing1"
+        self.emb_dim = emb_dim
+        self.sin_frequency = sin_frequency
+        self.decay = decay
+        self.window = window
+        self.decay_rates = (math.log(1 / decay_target) / slow_decay_pct, math.log(1 / decay_target) / fast_decay_pct)
+        self.ffn = filter_network(2 * emb_dim, width, depth, channels, sin_frequency)
+        self.skip = nn.Parameter(torch.randn(channels))
+        for name, value in self.derived_buffers().items():
+            self.register_buffer(name, value, persistent=False)
+
+    def derived_buffers(self) -> dict[str, torch.Tensor]:
+        rows, columns = self.grid
+        return {
+            "lag_features": grid_lag_features(self.grid, self.emb_dim, self.transform),
+            # |t| along each axis, the lag over the axis's length: (rows, 1, 1) and (1, columns, 1).
+            "row_lags": (kernel_lags(rows, self.transform).abs() / rows).view(rows, 1, 1),
+            "column_lags": (kernel_lags(columns, self.transform).abs() / columns).view(1, columns, 1),
+            **self.make_window_rates(),
+        }
+
+    def make_window_rates(self) -> dict[str, torch.Tensor]:
+        """Each channel's decay rate along the rows (alpha_c) and the columns (beta_c), (channels,) each; all 0
+        without decay."""
+        channels = self.channels
+        if not self.decay:
+            zero = torch.zeros(channels, dtype=torch.float32, device="cpu")
+            return {"row_rates": zero, "column_rates": zero.clone()}
+        if self.window == "symmetric":
+            rates = channel_decay_rates(self.decay_rates, channels)
+            return {"row_rates": rates, "column_rates": rates.clone()}
+        # Channel c at (c // side, c % side) of a grid of rate pairs, side x ceil(channels / side).
+        side = math.ceil(math.sqrt(channels))
+        index = torch.arange(channels, device="cpu")
+        row_rates = channel_decay_rates(self.decay_rates, math.ceil(channels / side))[index // side]
+        return {"row_rates": row_rates, "column_rates": channel_decay_rates(self.decay_rates, side)[index % side]}
+
+    def envelope(self) -> torch.Tensor:
+        """window(i, j) on the lags of the grid, (rows, columns, channels), float32."""
+        return torch.exp(-(self.row_lags * self.row_rates + self.column_lags * self.column_rates))
+
+    def forward(self) -> torch.Tensor:
+        """The kernel h0 over the lags of the grid, (rows, columns, channels), in the filter's dtype."""
+        response = self.ffn(self.lag_features.to(self.skip.dtype))
+        return response * self.envelope().to(self.skip.dtype)
+
+    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
+        """The multiplier of ``h0 * x + skip * x`` in ``dtype``: (rows, columns, channels) under the DCT, (rows,
+        columns // 2 + 1, channels) complex under the FFT. ``n``, where given, is the grid's count of positions (the
+        argument :class:`FoldedFilter` passes, a 1-D filter's transform length)."""
+        if n is not None and n != self.length:
+            raise ValueError(f"ImplicitFilter2d over a {self.grid} grid has {self.length} positions, got n={n}")
+        kernel = self().to(dtype)
+        multiplier = dct(dct(kernel, dim=0), dim=1) if self.listing1 else kernel_spectrum_2d(kernel, self.transform)
+        return multiplier + self.skip.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.channels}, grid={self.grid}, transform={self.transform!r}, window={self.window!r}"
 
 
 class FoldedFilter(nn.Module):
@@ -318,10 +501,16 @@ class FoldedFilter(nn.Module):
             for n in self.lengths:
                 self.register_buffer(f"multiplier_{n}", implicit_filter.spectrum(dtype, n), persistent=False)
 
-    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
-        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest), as
-        computed when the filter was folded (complex under the FFT)."""
-        multiplier = getattr(self, f"multiplier_{self.length if n is None else n}")
+    def lag_response(self, n: int | None = None) -> None:
+        """Nothing to compute once per call: the multiplier is folded."""
+        return None
+
+    def spectrum(
+        self, dtype: torch.dtype, n: int | None = None, channels: slice = ALL_CHANNELS, response: None = None
+    ) -> torch.Tensor:
+        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest) and
+        ``channels``, as computed when the filter was folded (complex under the FFT)."""
+        multiplier = of_channels(getattr(self, f"multiplier_{self.length if n is None else n}"), channels)
         if multiplier.is_complex():
             dtype = torch.promote_types(dtype, torch.complex64)
         return multiplier.to(dtype)
@@ -357,6 +546,8 @@ class ConditioningNetwork(nn.Module):
     spatial-only ablations of App. C.2.
     """
 
+    short_convolution = ShortConvolution  # its convolutions, in time and in frequency (ConditioningNetwork2d: 2-D)
+
     def __init__(
         self,
         channels: int,
@@ -373,19 +564,26 @@ class ConditioningNetwork(nn.Module):
         self.conditioning = conditioning
         self.activation = activation
         circular = transform == "fft"
-        self.time_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
+        convolution = self.short_convolution
+        self.time_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular, convolution)
         if conditioning == "xcorr":
-            self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular)
-        self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers)
+            self.query_conv = ShortConvolutionStack(channels, time_kernel_size, time_layers, circular, convolution)
+        self.freq_conv = ShortConvolutionStack(channels, freq_kernel_size, freq_layers, convolution=convolution)
 
     def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
         for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
         wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
         key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
-        if self.conditioning == "abs":
+        query = None
+        if self.conditioning == "xcorr":
+            query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
+        return self.kernel_of(key, query)
+
+    def kernel_of(self, key: torch.Tensor, query: torch.Tensor | None) -> torch.Tensor:
+        """The kernel's spectrum from the transforms of the key and (Type II) the query: Eq. 2 or Eq. 4."""
+        if query is None:
             return self.frequency_convolution(key.abs())
-        query = forward_transform(self.query_conv(u, mask, wrap), self.transform, n)
         return self.frequency_convolution(cross_spectrum(key, query, self.activation))
 
     def frequency_convolution(self, spectrum: torch.Tensor) -> torch.Tensor:
@@ -394,6 +592,24 @@ class ConditioningNetwork(nn.Module):
         if torch.is_complex(spectrum):
             return torch.complex(self.freq_conv(spectrum.real), self.freq_conv(spectrum.imag))
         return self.freq_conv(spectrum)
+
+
+class ConditioningNetwork2d(ConditioningNetwork):
+    """:class:`ConditioningNetwork` over a grid, with depthwise 2-D convolutions in space and in frequency and the
+    2-D transform: ``"abs"`` (Type I) ``Conv2d_freq( |T(Conv2d(u))| )``, ``"xcorr"`` (Type II) ``Conv2d_freq(
+    conj(T(Conv2d_k(u))) * sigma(T(Conv2d_q(u))) )``. Under the FFT, with circular convolutions in space, the kernel
+    is invariant to shifts of u on the torus, and the operator equivariant to them (Sec. 3.2, in two dimensions)."""
+
+    short_convolution = ShortConvolution2d
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, H, W, C); the spectrum of the kernel: (B, H, W, C) for the DCT, (B, H, W // 2 + 1, C) complex for
+        the FFT."""
+        key = forward_transform_2d(self.time_conv(u), self.transform)
+        query = None
+        if self.conditioning == "xcorr":
+            query = forward_transform_2d(self.query_conv(u), self.transform)
+        return self.kernel_of(key, query)
 
 
 def cross_spectrum(key: torch.Tensor, query: torch.Tensor, activation: str) -> torch.Tensor:
@@ -492,6 +708,44 @@ class OperatorSettings:
         if scale is not None and (not is_integer(scale) or scale < 1):
             raise ValueError(f"{owner}.filter_lag_scale must be a positive integer or None, got {scale!r}")
 
+    @classmethod
+    def checked(cls, settings: dict, owner: str) -> OperatorSettings:
+        """The settings of an operator from its keyword arguments; a ValueError naming ``owner`` for an unknown one
+        (with the closest name) or a value out of range."""
+        names = [field.name for field in fields(cls)]
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            closest = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.8)
+            hint = f"; did you mean {closest[0]!r}?" if closest else f"; the settings are {names}"
+            raise ValueError(f"{owner} got unknown settings {unknown}{hint}")
+        checked = cls(**settings)
+        checked.check_settings(owner)
+        return checked
+
+    def filter_settings(self) -> dict:
+        """The keyword arguments of the implicit filters (:class:`ImplicitFilter`, :class:`ImplicitFilter2d`)."""
+        return dict(
+            transform=self.transform,
+            emb_dim=self.filter_emb_dim,
+            width=self.filter_width,
+            depth=self.filter_depth,
+            sin_frequency=self.filter_sin_frequency,
+            decay=self.filter_decay,
+            spectrum=self.filter_spectrum,
+        )
+
+    def conditioning_settings(self) -> dict:
+        """The keyword arguments of the conditioning network (:class:`ConditioningNetwork` and its 2-D form)."""
+        return dict(
+            transform=self.transform,
+            conditioning=self.conditioning,
+            activation=self.conditioning_activation,
+            time_kernel_size=self.conditioning_time_kernel_size,
+            freq_kernel_size=self.conditioning_freq_kernel_size,
+            time_layers=self.conditioning_time_layers,
+            freq_layers=self.conditioning_freq_layers,
+        )
+
     def resolved_transform_lengths(self, max_len: int, owner: str = "OrchidOperator") -> tuple[int, ...]:
         """``transform_lengths`` for an operator of ``max_len``, or the default; a ValueError naming the field unless
         they are positive integers, ascending, the longest ``max_len`` (``max_len`` names what sets it)."""
@@ -561,14 +815,7 @@ class OrchidOperator(nn.Module):
             raise ValueError(f"OrchidOperator.d_model must be a positive integer, got {d_model!r}")
         if not is_integer(max_len) or max_len < 1:
             raise ValueError(f"OrchidOperator.max_len must be a positive integer, got {max_len!r}")
-        names = [field.name for field in fields(OperatorSettings)]
-        unknown = sorted(set(settings) - set(names))
-        if unknown:
-            closest = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.8)
-            hint = f"; did you mean {closest[0]!r}?" if closest else f"; the settings are {names}"
-            raise ValueError(f"OrchidOperator got unknown settings {unknown}{hint}")
-        self.settings = OperatorSettings(**settings)
-        self.settings.check_settings()
+        self.settings = OperatorSettings.checked(settings, "OrchidOperator")
         s = self.settings
         if s.short_conv_size > max_len:
             raise ValueError(f"OrchidOperator.short_conv_size={s.short_conv_size} is longer than max_len={max_len}")
@@ -579,29 +826,9 @@ class OrchidOperator(nn.Module):
 
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.short_conv = ShortConvolution(3 * d_model, s.short_conv_size, circular=s.transform == "fft")
-        filter_settings = dict(
-            transform=s.transform,
-            emb_dim=s.filter_emb_dim,
-            width=s.filter_width,
-            depth=s.filter_depth,
-            sin_frequency=s.filter_sin_frequency,
-            decay=s.filter_decay,
-            spectrum=s.filter_spectrum,
-            lag_scale=s.filter_lag_scale,
-        )
+        filter_settings = dict(s.filter_settings(), lag_scale=s.filter_lag_scale)
         self.static_filter = ImplicitFilter(d_model, max_len, **filter_settings)
-        self.conditioning = None
-        if s.data_dependent:
-            self.conditioning = ConditioningNetwork(
-                d_model,
-                s.transform,
-                s.conditioning,
-                s.conditioning_activation,
-                s.conditioning_time_kernel_size,
-                s.conditioning_freq_kernel_size,
-                s.conditioning_time_layers,
-                s.conditioning_freq_layers,
-            )
+        self.conditioning = ConditioningNetwork(d_model, **s.conditioning_settings()) if s.data_dependent else None
         self.residual_filter = ImplicitFilter(d_model, max_len, **filter_settings) if s.residual_long_conv else None
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -710,19 +937,48 @@ class OrchidOperator(nn.Module):
     def _convolve(self, n, x, projected, mask, source, source_mask) -> torch.Tensor:
         """Between the projections, at transform length n: the short convolution, the kernel h = h0 + h_theta(v) in
         the transform domain, ``y = s2 * (h * (s1 * v))``, and the residual long convolution of the block input
-        (App. C.3)."""
-        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
-        s1, s2, v = self.short_conv(projected, wrap).chunk(3, dim=-1)
+        (App. C.3). Without autograd, a long input a block of channels at a time (:func:`channel_blocks`)."""
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            kernel = self.static_filter.spectrum(dtype, n)
-            if self.conditioning is not None:
-                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask)
-            y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-            if self.residual_filter is not None:
-                y = y + long_convolution(x.to(dtype), self.residual_filter.spectrum(dtype, n), self.transform, n)
+            # The filters' networks and the conditioning network run once on all channels (a replaced conditioning
+            # module may mix channels); each channel block takes its channels of what they give.
+            static = self.static_filter.lag_response(n)
+            residual = None if self.residual_filter is None else self.residual_filter.lag_response(n)
+            conditioned = None if self.conditioning is None else self.conditioning(source.to(dtype), n, source_mask)
+            blocks = [ALL_CHANNELS]
+            if not (torch.is_grad_enabled() or is_traced()):
+                blocks = channel_blocks(self.d_model, x.shape[0] * n)
+            # s1, s2 and v of each block, side by side: one pass over in_proj's output (B, L, 3 * d_model).
+            gates = [projected] if len(blocks) == 1 else [
+                part.flatten(-2) for part in projected.unflatten(-1, (3, self.d_model)).split(
+                    [block.stop - block.start for block in blocks], dim=-1)
+            ]
+            inputs = (n, x, mask, conditioned, static, residual, dtype)
+            parts = [self._convolve_channels(block, gate, *inputs) for block, gate in zip(blocks, gates)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
         return masked(y, mask).to(x.dtype)
+
+    def _convolve_channels(
+        self, channels, gates, n, x, mask, conditioned, static, residual, dtype
+    ) -> torch.Tensor:
+        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``conditioned``
+        (h_theta's spectrum) and ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all
+        channels."""
+        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
+        weights = ALL_CHANNELS
+        if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
+            index = torch.arange(channels.start, channels.stop, device=x.device)
+            weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
+        s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
+        kernel = self.static_filter.spectrum(dtype, n, channels, static)
+        if conditioned is not None:
+            kernel = kernel + of_channels(conditioned, channels)
+        y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
+        if self.residual_filter is not None:
+            multiplier = self.residual_filter.spectrum(dtype, n, channels, residual)
+            y = y + long_convolution(of_channels(x, channels).to(dtype), multiplier, self.transform, n)
+        return y
 
     def _project_value(
         self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None
@@ -770,6 +1026,110 @@ class OrchidOperator(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}, transform={self.transform!r}"
+
+
+class OrchidOperator2d(nn.Module):
+    """The Orchid operator over a grid of patches: :class:`OrchidOperator`'s data-dependent convolution in two
+    dimensions, for images.
+
+    ``y = out_proj( s2 * (h * (s1 * v)) [+ h_res * x] )`` with ``h = h0 + h_theta(v)``, where every step that mixes
+    positions acts over the (rows, columns) grid instead of along the flattened sequence:
+
+    1. ``in_proj`` (d -> 3d) and a depthwise ``k x k`` short convolution (:class:`ShortConvolution2d`) give s1, s2, v.
+    2. h0 is a 2-D implicit filter (:class:`ImplicitFilter2d`: Hyena N-D's ``window(i, j) * FFN(PE(i, j))``), h_theta
+       the conditioning network with 2-D convolutions and the 2-D transform (:class:`ConditioningNetwork2d`, Type I or
+       Type II), read from v before the short convolution, as in 1-D.
+    3. ``*`` is the 2-D long convolution (:func:`long_convolution_2d`): the separable 2-D DCT (a symmetric
+       convolution), or the 2-D real FFT (circular on the torus), at a cost that does not depend on the kernel's
+       extent. The gating chain is the 1-D operator's (:func:`gated_convolution`).
+    4. The residual long convolution of the block input (App. C.3) with a second 2-D filter, and ``out_proj``.
+
+    It takes hidden states ``(B, rows * columns, d)`` in row-major order, as the patch embeddings flatten an image,
+    and mixes them at the grid's own size: the images of a model all have one size, so nothing is padded and there is
+    no attention mask. The settings are the 1-D operator's (:class:`OperatorSettings`) and mean the same, but for
+    ``transform_lengths`` (a grid has one transform size, its own) and ``filter_lag_scale`` (each axis's lags are
+    measured over its own length; it must be None). ``filter_window`` chooses the filters' window (Hyena N-D's Eq. 6
+    ``"dimensional"``, or Eq. 5 ``"symmetric"``). Transforms run in float32 at least, as in 1-D.
+    """
+
+    def __init__(
+        self, d_model: int, grid: tuple[int, int], bias: bool = True, filter_window: str = "dimensional", **settings
+    ):
+        super().__init__()
+        if not is_integer(d_model) or d_model < 1:
+            raise ValueError(f"OrchidOperator2d.d_model must be a positive integer, got {d_model!r}")
+        if not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(is_integer(n) and n >= 1 for n in grid)):
+            raise ValueError(f"OrchidOperator2d.grid must be two positive integers (rows, columns), got {grid!r}")
+        if filter_window not in FILTER_WINDOWS:
+            raise ValueError(f"OrchidOperator2d.filter_window must be one of {FILTER_WINDOWS}, got {filter_window!r}")
+        self.settings = OperatorSettings.checked(settings, "OrchidOperator2d")
+        s = self.settings
+        if s.filter_lag_scale is not None:
+            raise ValueError(
+                f"OrchidOperator2d.filter_lag_scale must be None (each axis's lags are measured over its own length), "
+                f"got {s.filter_lag_scale!r}"
+            )
+        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
+            if getattr(s, name) > min(grid):
+                raise ValueError(f"OrchidOperator2d.{name}={getattr(s, name)} is larger than the grid {tuple(grid)}")
+        self.d_model = d_model
+        self.grid = tuple(grid)
+        self.transform = s.transform
+        self.filter_window = filter_window
+
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.short_conv = ShortConvolution2d(3 * d_model, s.short_conv_size, circular=s.transform == "fft")
+        filter_settings = dict(s.filter_settings(), window=filter_window)
+        self.static_filter = ImplicitFilter2d(d_model, self.grid, **filter_settings)
+        self.conditioning = ConditioningNetwork2d(d_model, **s.conditioning_settings()) if s.data_dependent else None
+        self.residual_filter = ImplicitFilter2d(d_model, self.grid, **filter_settings) if s.residual_long_conv else None
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_config(cls, config) -> OrchidOperator2d:
+        """The mixer of one layer of an image model: width ``hidden_size``, the grid of ``image_size / patch_size``
+        patches a side, the config's operator settings and ``filter_window``."""
+        settings = {field.name: getattr(config, field.name) for field in fields(OperatorSettings)}
+        side = config.image_size // config.patch_size
+        return cls(config.hidden_size, (side, side), filter_window=config.filter_window or "dimensional", **settings)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
+        """x: (B, rows * columns, d), the grid's positions row by row; returns (B, rows * columns, d). ``grid``, where
+        given, must be the operator's (its filters are built for it)."""
+        self._check_input(x, grid)
+        batch = x.shape[0]
+        image = x.reshape(batch, *self.grid, self.d_model)  # (B, H, W, d), channels last
+        projected = self.in_proj(image)
+        s1, s2, v = self.short_conv(projected).chunk(3, dim=-1)
+        # Transforms in float32 at least, as in 1-D: torch.fft has no bfloat16.
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            kernel = self.static_filter.spectrum(dtype)
+            if self.conditioning is not None:
+                kernel = kernel + self.conditioning(projected[..., 2 * self.d_model :].to(dtype))
+            y = gated_convolution(s1, v, s2, lambda u: long_convolution_2d(u, kernel, self.transform), None, dtype)
+            if self.residual_filter is not None:
+                y = y + long_convolution_2d(image.to(dtype), self.residual_filter.spectrum(dtype), self.transform)
+        return self.out_proj(y.to(x.dtype)).reshape(batch, -1, self.d_model)
+
+    def _check_input(self, x: torch.Tensor, grid: tuple[int, int] | None) -> None:
+        rows, columns = self.grid
+        if grid is not None and tuple(grid) != self.grid:
+            raise ValueError(f"OrchidOperator2d was built for a {self.grid} grid (its filters are), got grid={grid!r}")
+        if x.dim() != 3:
+            raise ValueError(f"x must have shape (batch, rows * columns, {self.d_model}), got {tuple(x.shape)}")
+        batch, length, features = x.shape
+        if features != self.d_model:
+            raise ValueError(f"x has {features} features but the operator has d_model={self.d_model}")
+        if length != rows * columns:
+            raise ValueError(f"x has {length} positions, the {rows} x {columns} grid has {rows * columns}")
+        if batch == 0:
+            raise ValueError("x has batch size 0")
+        if not x.is_floating_point():
+            raise ValueError(f"x must be a floating-point tensor, got {x.dtype}")
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, grid={self.grid}, transform={self.transform!r}"
 
 
 # ---------------------------------------------------------------------------------------------

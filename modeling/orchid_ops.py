@@ -13,6 +13,7 @@ that it ships to the Hub as remote code.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -196,6 +197,12 @@ def is_exporting() -> bool:
     return exporting is not None and exporting()
 
 
+def is_traced() -> bool:
+    """Whether the call is being compiled, exported or traced into a graph, where shapes may be symbolic and a branch
+    on one would tie the graph to one side of it."""
+    return torch.compiler.is_compiling() or is_exporting() or torch.jit.is_tracing()
+
+
 def _makhoul_order(n: int) -> list[int]:
     """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
     return list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
@@ -305,8 +312,89 @@ def gated_long_convolution(
 ) -> torch.Tensor:
     """The chain of order 1.5 of Sec. 3.3, ``s2 * (h * (s1 * v))``, with the long convolution of
     :func:`long_convolution` by ``multiplier`` in ``dtype``; ``s1 * v`` is cleared where ``mask`` (B, L, 1) is False."""
+    return gated_convolution(s1, v, s2, lambda u: long_convolution(u, multiplier, transform, n), mask, dtype)
+
+
+def gated_convolution(
+    s1: torch.Tensor,
+    v: torch.Tensor,
+    s2: torch.Tensor,
+    convolve: Callable[[torch.Tensor], torch.Tensor],
+    mask: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``s2 * convolve(s1 * v)``, the chain of order 1.5 of Sec. 3.3 for any long convolution ``convolve`` (along the
+    sequence, or over a grid), with ``s1 * v`` in ``dtype`` and cleared where ``mask`` is False."""
     u = masked((s1 * v).to(dtype), mask)
-    return long_convolution(u, multiplier, transform, n) * s2
+    return convolve(u) * s2
+
+
+# ---------------------------------------------------------------------------------------------
+# Two dimensions: the transforms and the long convolution over a grid of patches
+# ---------------------------------------------------------------------------------------------
+# A grid is held as (B, rows, columns, C), channels last, its axes 1 and 2. Every 2-D transform is separable: the 1-D
+# transform along each axis (the DCT of `dct`, or the real FFT along the columns and the complex FFT along the rows,
+# torch.fft.rfftn), so a convolution over the whole grid costs O(HW log HW) whatever the kernel's extent (the FFT
+# papers' 2-D convolution). The grid is mixed at its own size: images are all the same size, nothing is padded.
+
+GRID_AXES = (1, 2)
+
+
+def forward_transform_2d(x: torch.Tensor, transform: str) -> torch.Tensor:
+    """The orthonormal transform T of App. C.2 over the grid of x (B, H, W, C): the 2-D DCT-II (real, (B, H, W, C)),
+    equal to ``scipy.fft.dctn(x, axes=(1, 2), norm="ortho")``, or the 2-D real FFT (complex, (B, H, W // 2 + 1, C)),
+    equal to ``numpy.fft.rfftn(x, axes=(1, 2), norm="ortho")``."""
+    if transform == "dct":
+        return dct(dct(x, GRID_AXES[0]), GRID_AXES[1])
+    return torch.fft.rfftn(x, dim=GRID_AXES, norm="ortho")
+
+
+def kernel_spectrum_2d(kernel: torch.Tensor, transform: str) -> torch.Tensor:
+    """The multiplier that makes :func:`long_convolution_2d` convolve with ``kernel`` (H, W, C): :func:`kernel_spectrum`
+    along each axis. ``"fft"``: the unnormalised 2-D real FFT, index (m, n) the lag (m mod H, n mod W) of a circular
+    convolution on the torus. ``"dct"``: the cosine transform of the kernel's even extension along both axes, index
+    (m, n) the lags (+-m, +-n) of a symmetric convolution (mirror images in both axes)."""
+    if transform == "fft":
+        return torch.fft.rfftn(kernel, dim=(0, 1))
+    return kernel_spectrum(kernel_spectrum(kernel, "dct", dim=0), "dct", dim=1)
+
+
+def long_convolution_2d(x: torch.Tensor, multiplier: torch.Tensor, transform: str) -> torch.Tensor:
+    """:func:`long_convolution` over the grid of x (B, H, W, C), the transform of each axis in turn:
+    ``T^-1(T(x) * H)`` with ``multiplier`` H (H, W, C) or (B, H, W, C) from :func:`kernel_spectrum_2d` (or
+    H, W // 2 + 1 under the FFT).
+
+    ``"fft"``: exactly the circular convolution on the torus, ``y[t, u] = sum_{s, v} h[(t - s) mod H, (u - v) mod W]
+    x[s, v]``. ``"dct"``: the symmetric convolution of x extended by its mirror images along both axes."""
+    if transform == "dct":
+        rows, columns = GRID_AXES
+        return idct(idct(dct(dct(x, rows), columns) * multiplier, columns), rows)
+    return torch.fft.irfftn(torch.fft.rfftn(x, dim=GRID_AXES) * multiplier, s=x.shape[1:3], dim=GRID_AXES)
+
+
+# Without autograd, the operator mixes a long input a block of channels at a time: every step between its projections
+# acts on each channel alone, and a block whose (tokens, channels) tensors hold about this many numbers (2 MiB in
+# float32) stays in the CPU's caches, where the whole width's tensors do not (`scripts/benchmark.py --profile 1x4096`
+# shows the transforms, products and short convolutions gaining). Under autograd, blocks would only add copies.
+CHANNEL_BLOCK_ELEMENTS = 2**19
+MIN_CHANNEL_BLOCK = 32
+ALL_CHANNELS = slice(None)
+
+
+def of_channels(x: torch.Tensor, channels: slice | torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """x's ``channels`` (a slice or an index) along ``dim``; x itself for ``ALL_CHANNELS``, without an indexing op
+    (an exported graph has no translation of one on a complex tensor)."""
+    return x if channels is ALL_CHANNELS else x[(slice(None),) * (dim % x.dim()) + (channels,)]
+
+
+def channel_blocks(channels: int, tokens: int) -> list[slice]:
+    """Consecutive ranges of ``channels`` for ``tokens`` positions per channel, each of about
+    ``CHANNEL_BLOCK_ELEMENTS`` numbers and at least ``MIN_CHANNEL_BLOCK`` channels; one range of all channels where
+    that would make fewer than four blocks, which would gain little."""
+    width = max(CHANNEL_BLOCK_ELEMENTS // tokens // MIN_CHANNEL_BLOCK * MIN_CHANNEL_BLOCK, MIN_CHANNEL_BLOCK)
+    if 4 * width > channels:
+        return [ALL_CHANNELS]
+    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,6 +587,18 @@ def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> t
     return torch.cat([torch.where(select, tail, zero), x, torch.where(select, head, zero)], dim=1)
 
 
+def short_convolution_2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """The centred depthwise k x k convolution of :class:`ShortConvolution2d` over the grid of x (B, H, W, C), each
+    channel with its own kernel (weight (C, 1, k, k), bias (C)): around the torus where ``wrap``, else over zeros. A
+    2-D convolution on a channels-last view of x, as :func:`depthwise_convolution` runs the 1-D one."""
+    pad = weight.shape[-1] // 2
+    image = x.permute(0, 3, 1, 2)  # (B, C, H, W): a channels-last view, no copy
+    if wrap and pad > 0:
+        image = F.pad(image, (pad, pad, pad, pad), mode="circular")
+        pad = 0
+    return F.conv2d(image, weight, bias, padding=pad, groups=weight.shape[0]).permute(0, 2, 3, 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # References: each fast operation above as the paper defines it (slow; for the tests)
 # ---------------------------------------------------------------------------------------------
@@ -557,3 +657,55 @@ def short_convolution_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         pad = 0
     return F.conv1d(signal, weight, bias, padding=pad, groups=weight.shape[0]).transpose(1, 2)
 
+
+
+def long_convolution_2d_ref(x: torch.Tensor, multiplier: torch.Tensor, transform: str) -> torch.Tensor:
+    """:func:`long_convolution_2d` from its definition: under the DCT the matrices of :func:`dct_ref` and
+    :func:`idct_ref` along each axis; under the FFT the direct circular sum on the torus
+    (:func:`circular_convolution_2d_ref`) with the kernel whose 2-D real FFT is ``multiplier``."""
+    if transform == "dct":
+        return idct_ref(idct_ref(dct_ref(dct_ref(x, 1), 2) * multiplier, 2), 1)
+    kernel = torch.fft.irfftn(multiplier, s=x.shape[1:3], dim=(-3, -2))
+    return circular_convolution_2d_ref(x, kernel)
+
+
+def circular_convolution_2d_ref(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """``y[b, t, u] = sum_{s, v} kernel[(t - s) mod H, (u - v) mod W] x[b, s, v]`` per channel, as a direct sum;
+    x (B, H, W, C), kernel (H, W, C) or (B, H, W, C)."""
+    batch, rows, columns, channels = x.shape
+    r, c = torch.arange(rows, device=x.device), torch.arange(columns, device=x.device)
+    row_lags = ((r[:, None] - r[None]) % rows)[:, :, None, None]  # (t, s, 1, 1)
+    column_lags = ((c[:, None] - c[None]) % columns)[None, None]  # (1, 1, u, v)
+    kernel = kernel.expand(batch, rows, columns, channels)
+    return torch.einsum("btsuvc,bsvc->btuc", kernel[:, row_lags, column_lags], x)
+
+
+def symmetric_convolution_2d_ref(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """The symmetric convolution of x (B, H, W, C) with kernel (H, W, C) by its definition: x extended by its mirror
+    images to (2H, 2W), the kernel extended evenly (lags 0 .. N-1, 0 at N, then N-1 .. 1 along each axis), their
+    circular convolution, cut back to (H, W)."""
+    rows, columns = x.shape[1:3]
+    mirrored = torch.cat([x, x.flip(1)], 1)
+    mirrored = torch.cat([mirrored, mirrored.flip(2)], 2)
+    even = kernel
+    for axis, size in ((0, rows), (1, columns)):
+        zero = torch.zeros_like(even.narrow(axis, 0, 1))
+        even = torch.cat([even, zero, even.narrow(axis, 1, size - 1).flip(axis)], axis)
+    return circular_convolution_2d_ref(mirrored, even)[:, :rows, :columns]
+
+
+def short_convolution_2d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """:func:`short_convolution_2d` as a direct sum over the kernel's offsets, ``y[t, u] = b + sum_{i, j} w[i, j]
+    x[t + i - k // 2, u + j - k // 2]``, reading x around the torus or as zeros outside the grid."""
+    batch, rows, columns, channels = x.shape
+    size = weight.shape[-1]
+    pad = size // 2
+    if wrap:
+        padded = x[:, torch.arange(-pad, rows + pad) % rows][:, :, torch.arange(-pad, columns + pad) % columns]
+    else:
+        padded = F.pad(x, (0, 0, pad, pad, pad, pad))
+    out = bias.expand(batch, rows, columns, channels).clone()
+    for i in range(size):
+        for j in range(size):
+            out = out + weight[:, 0, i, j] * padded[:, i : i + rows, j : j + columns]
+    return out

@@ -27,6 +27,7 @@ from .modeling import (
     OrchidForTokenClassification,
     OrchidModel,
     OrchidOperator,
+    OrchidOperator2d,
     OrchidPreTrainedModel,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "OrchidForTokenClassification",
     "OrchidModel",
     "OrchidOperator",
+    "OrchidOperator2d",
     "OrchidPreTrainedModel",
     "__version__",
     "optimize_for_inference",

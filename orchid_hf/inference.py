@@ -6,7 +6,7 @@ import copy
 
 from torch import nn
 
-from .modeling.orchid_layers import FoldedFilter, ImplicitFilter, OrchidOperator
+from .modeling.orchid_layers import FoldedFilter, ImplicitFilter, ImplicitFilter2d, OrchidOperator
 
 
 def optimize_for_inference(model: nn.Module) -> nn.Module:
@@ -23,7 +23,7 @@ def optimize_for_inference(model: nn.Module) -> nn.Module:
         # An operator's filters serve each of its transform lengths: each is folded at every one.
         lengths = module.transform_lengths if isinstance(module, OrchidOperator) else None
         for name, child in module.named_children():
-            if isinstance(child, ImplicitFilter):
+            if isinstance(child, (ImplicitFilter, ImplicitFilter2d)):
                 setattr(module, name, FoldedFilter(child, lengths))
     return fast
 

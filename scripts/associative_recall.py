@@ -4,10 +4,13 @@
         --out outputs/recall/orchid_v20_l128.json
     python scripts/associative_recall.py --model transformer --vocab_size 20 --out outputs/recall/bert_v20_l128.json
     python scripts/associative_recall.py --table outputs/recall/*.json --plot curves.png   # table of finished runs
+    python scripts/associative_recall.py --update_page docs/results/associative_recall.md \
+        --runs docs/results/recall_runs   # the page's generated tables and figures
 
 Models: ``orchid`` (OrchidForMaskedLM, preset ``orchid-recall``), ``static`` (the same with
 ``data_dependent=False``) and ``transformer`` (transformers' BertForMaskedLM of the same width and depth).
-The learning curve goes to ``<out>.log`` (one JSON line per evaluation) while the run trains.
+The learning curve goes to ``<out>.log`` (one JSON line per evaluation) while the run trains, and a checkpoint to
+``<out>.ckpt``: the same command started again after a stop resumes from it (it is removed when the run ends).
 """
 
 from __future__ import annotations
@@ -20,7 +23,16 @@ from pathlib import Path
 from orchid_hf.modeling.orchid_layers import CONDITIONING_ACTIVATIONS, CONDITIONINGS, FILTER_SPECTRA, TRANSFORMS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-from experiments.recall import CONDITIONING_LAYOUTS, MODELS, RecallConfig, plot_curves, results_table, train  # noqa: E402
+from experiments.recall import (  # noqa: E402
+    CONDITIONING_LAYOUTS,
+    MODELS,
+    TRANSFORMER_POSITIONS,
+    RecallConfig,
+    plot_curves,
+    render_page,
+    results_table,
+    train,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "spectrum of a convolution with h0")
     parser.add_argument("--conditioning_norm", action="store_true",
                         help="experiment: LayerNorm in the conditioning network (not in the library operator)")
+    parser.add_argument("--transformer_positions", default=defaults.transformer_positions,
+                        choices=TRANSFORMER_POSITIONS, help="transformer only: BERT's learned table, the same table "
+                        "started from sinusoids, or rotary attention (RoFormerForMaskedLM)")
+    parser.add_argument("--transformer_shift", action="store_true",
+                        help="diagnostic (transformer): a depthwise convolution of length 3 over the word embeddings")
     parser.add_argument("--embedding_init_std", type=float, default=defaults.embedding_init_std)
     parser.add_argument("--config_overrides", type=json.loads, default={}, metavar="JSON",
                         help='fields of the model\'s config, e.g. \'{"pre_norm": false}\'')
@@ -59,24 +76,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval_size", type=int, default=defaults.eval_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads)
-    parser.add_argument("--out", help="result JSON path; the learning curve goes to <out>.log")
+    parser.add_argument("--out", help="result JSON path; the learning curve goes to <out>.log, the checkpoint to "
+                        "<out>.ckpt")
+    parser.add_argument("--note", default="", help="a remark stored in the result and shown in the table")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="print a markdown table of these results")
     parser.add_argument("--plot", metavar="PNG", help="with --table: also plot the learning curves to PNG")
+    parser.add_argument("--update_page", metavar="MD", help="rebuild the generated tables and figures of this results "
+                        "page from the run files under --runs")
+    parser.add_argument("--runs", metavar="DIR", help="with --update_page: the folder of run files")
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     if args.plot and not args.table:
         parser.error("--plot needs --table")
+    if bool(args.update_page) != bool(args.runs):
+        parser.error("--update_page and --runs go together")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.update_page:
+        page = Path(args.update_page)
+        page.write_text(render_page(page.read_text(), args.runs, figures=page.parent))
+        return
     if args.table:
         sys.stdout.write(results_table(args.table))
         if args.plot:
             plot_curves(args.table, args.plot)
         return
-    options = {k: v for k, v in vars(args).items() if k not in ("out", "table", "plot", "no_progress")}
+    not_config = ("out", "note", "table", "plot", "update_page", "runs", "no_progress")
+    options = {k: v for k, v in vars(args).items() if k not in not_config}
     config = RecallConfig(**options)
     config.validate()
     out = Path(args.out) if args.out else None
@@ -88,9 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         log_path=f"{out}.log" if out else None,
         progress=not args.no_progress,
         result_path=out,
-        extra={"command": command},
+        extra={"command": command, **({"note": args.note} if args.note else {})},
+        checkpoint_path=f"{out}.ckpt" if out else None,
     )
-    print(f"final test accuracy {result['test_accuracy']:.4f} (best {result['best_test_accuracy']:.4f}) "
+    print(f"final validation accuracy {result['val_accuracy']:.4f}, test accuracy {result['test_accuracy']:.4f} "
           f"in {result['seconds']:.0f} s")
 
 

@@ -52,9 +52,9 @@ def record_transform_lengths(monkeypatch) -> list[int]:
     seen = []
     forward = ConditioningNetwork.forward
 
-    def recording(self, u, n, mask=None):
+    def recording(self, u, n, *args, **kwargs):
         seen.append(n)
-        return forward(self, u, n, mask)
+        return forward(self, u, n, *args, **kwargs)
 
     monkeypatch.setattr(ConditioningNetwork, "forward", recording)
     return seen

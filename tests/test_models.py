@@ -73,8 +73,11 @@ PAPER_PARAMETERS = {
 
 
 def test_preset_parameter_counts_match_the_paper(capsys):
-    # orchid-recall's size is set by the task (vocab_size, max_position_embeddings); the paper gives no count.
-    assert set(OrchidConfig.preset_names()) == set(PAPER_PARAMETERS) | {"orchid-recall"}
+    # orchid-recall's size is set by the task (vocab_size, max_position_embeddings); the paper gives no count, nor for
+    # the 2-D image models, which it does not have.
+    assert set(OrchidConfig.preset_names()) == set(PAPER_PARAMETERS) | {
+        "orchid-recall", "orchid-vit-2d-s", "orchid-vit-2d-hybrid-s"
+    }
     rows = []
     with torch.device("meta"):  # counts need shapes only
         for name, (paper, tolerance) in PAPER_PARAMETERS.items():
@@ -375,3 +378,25 @@ def test_bad_image_input_raises_value_errors_naming_the_numbers():
         model(torch.randn(1, 1, 16, 16))
     with pytest.raises(ValueError, match="pass pixel_values"):
         model()
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_feed_forward_chunks_give_the_outputs_and_gradients_of_all_tokens_at_once(pre_norm):
+    torch.manual_seed(0)
+    whole = OrchidForMaskedLM(tiny_text_config(pre_norm=pre_norm, chunk_size_feed_forward=0))
+    chunked = OrchidForMaskedLM(tiny_text_config(pre_norm=pre_norm, chunk_size_feed_forward=7))
+    chunked.load_state_dict(whole.state_dict())
+    calls = []
+    chunked.orchid.encoder.layer[0].mlp.register_forward_hook(lambda module, args, output: calls.append(len(output)))
+    ids = torch.randint(5, 97, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, :6] = 0  # left padding
+    labels = torch.where(torch.rand(3, 20) < 0.3, ids, -100)
+    outputs = [model(input_ids=ids, attention_mask=mask, labels=labels) for model in (whole, chunked)]
+    assert calls == [7] * 8 + [4]  # 60 tokens in runs of 7, each through the MLP
+    torch.testing.assert_close(outputs[1].logits, outputs[0].logits, atol=1e-6, rtol=1e-6)
+    for output in outputs:
+        output.loss.backward()
+    for (name, a), b in zip(whole.named_parameters(), chunked.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert OrchidConfig().chunk_size_feed_forward == 1024

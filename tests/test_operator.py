@@ -717,3 +717,26 @@ def test_block_diagonal_linear_rejects_indivisible_sizes():
         BlockDiagonalLinear(10, 8, num_blocks=4)
     with pytest.raises(ValueError, match=r"expected 12 input features, got 8"):
         BlockDiagonalLinear(12, 8, num_blocks=4)(torch.randn(2, 8))
+
+
+@both_dct_backends
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_without_autograd_a_long_input_is_mixed_a_block_of_channels_at_a_time_with_the_same_outputs(
+    transform, conditioning, monkeypatch
+):
+    # Blocks of 32 channels at this small size (a block holds 2 x 64 positions x 32 channels).
+    monkeypatch.setattr(orchid_ops, "CHANNEL_BLOCK_ELEMENTS", 2 * 64 * 32)
+    op = OrchidOperator(128, 64, transform=transform, conditioning=conditioning, conditioning_activation="tanh")
+    x = torch.randn(2, 64, 128)
+    mask = torch.ones(2, 64, dtype=torch.long)
+    mask[1, :10] = 0
+    calls = []
+    op.short_conv.register_forward_hook(lambda module, args, output: calls.append(output.shape[-1]))
+    whole = op(x, mask)  # under autograd: all channels at once
+    assert calls == [3 * 128]
+    calls.clear()
+    with torch.no_grad():
+        blocks = op(x, mask)
+    assert calls == [3 * 32] * 4
+    torch.testing.assert_close(blocks, whole.detach(), atol=0, rtol=0)

@@ -4,6 +4,9 @@ that the orchid-recall preset learns the task."""
 import importlib.util
 import itertools
 import json
+import math
+from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -14,11 +17,17 @@ from transformers import BertForMaskedLM
 from experiments.recall import (
     NormalizedConditioning,
     RecallConfig,
+    ShiftedEmbedding,
     build_model,
     check_answers,
     generate_batch,
+    held_out_set,
+    most_frequent_value,
+    plateau_accuracy,
     query_logits,
+    render_page,
     results_table,
+    sinusoids,
     train,
 )
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
@@ -76,6 +85,12 @@ def test_bad_sizes_name_the_field():
         RecallConfig(model="transformer", hidden_size=60, num_heads=8).validate()
     with pytest.raises(ValueError, match="embedding_init_std must be > 0, got 0"):
         RecallConfig(embedding_init_std=0).validate()
+    with pytest.raises(ValueError, match="only, got model='orchid', transformer_shift=True"):
+        RecallConfig(transformer_shift=True).validate()
+    with pytest.raises(ValueError, match="apply to model='transformer' only, .* transformer_positions='rotary'"):
+        RecallConfig(model="static", transformer_positions="rotary").validate()
+    with pytest.raises(ValueError, match="transformer_positions must be one of"):
+        RecallConfig(model="transformer", transformer_positions="alibi").validate()
     with pytest.raises(ValueError, match="conditioning_norm applies to model='orchid' with conditioning='abs' only"):
         RecallConfig(conditioning="xcorr", conditioning_norm=True).validate()
 
@@ -100,6 +115,43 @@ def test_the_models_are_the_products_classes():
     inputs, _ = generate_batch(3, 20, 128, torch.Generator().manual_seed(5))
     for model in (orchid, static, bert):
         assert query_logits(model, inputs).shape == (3, 21)
+
+
+def test_the_shift_mixes_each_token_with_its_neighbours_and_keeps_the_decoder_tied():
+    model = build_model(RecallConfig(model="transformer", vocab_size=20, seq_len=32, transformer_shift=True))
+    words = model.bert.embeddings.word_embeddings
+    assert isinstance(words, ShiftedEmbedding)
+    assert model.cls.predictions.decoder.weight is words.weight is words.embedding.weight
+    inputs, _ = generate_batch(2, 20, 32, torch.Generator().manual_seed(6))
+    changed = inputs.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % 20
+    moved = (words(changed) - words(inputs)).abs().amax(dim=(0, 2))
+    assert moved[9:12].min() > 0 and moved[:9].max() == 0 and moved[12:].max() == 0
+    # The decoder's gradient and the input's gradient reach the same tied tensor.
+    F.cross_entropy(query_logits(model, inputs), torch.tensor([10, 11])).backward()
+    assert words.weight.grad is not None and words.shift.weight.grad is not None
+    plain = build_model(RecallConfig(model="transformer", vocab_size=20, seq_len=32))
+    assert type(plain.bert.embeddings.word_embeddings) is torch.nn.Embedding
+
+
+def test_the_transformers_positions():
+    from transformers import RoFormerForMaskedLM
+
+    config = RecallConfig(model="transformer", vocab_size=20, seq_len=64, transformer_positions="sinusoidal")
+    bert = build_model(config)
+    table = bert.bert.embeddings.position_embeddings.weight
+    assert torch.equal(table, sinusoids(64, 64)) and table.requires_grad  # started from sinusoids, then trained
+    # Position 5 at the first frequency (1) and at the last (10000^(-62/64)); every entry of variance 1 on average.
+    assert torch.allclose(table[5, :2], 2**0.5 * torch.tensor([math.sin(5.0), math.cos(5.0)]))
+    assert torch.allclose(table[5, -2:], 2**0.5 * torch.tensor([math.sin(5 * 1e4 ** (-62 / 64)),
+                                                                 math.cos(5 * 1e4 ** (-62 / 64))]))  # fmt: skip
+    assert abs(table.pow(2).mean().item() - 1) < 1e-5
+    rotary = build_model(RecallConfig(model="transformer", vocab_size=20, seq_len=64, transformer_positions="rotary"))
+    assert type(rotary) is RoFormerForMaskedLM and rotary.config.hidden_size == 64
+    assert rotary.cls.predictions.decoder.weight is rotary.get_input_embeddings().weight
+    assert 0.9 < rotary.get_input_embeddings().weight.std().item() < 1.1
+    inputs, _ = generate_batch(2, 20, 64, torch.Generator().manual_seed(7))
+    assert query_logits(rotary, inputs).shape == (2, 21)
 
 
 @pytest.mark.slow
@@ -131,6 +183,17 @@ def test_the_recall_preset_learns_the_task():
 
 
 @pytest.mark.slow
+def test_the_shift_takes_the_transformer_off_the_plateau():
+    # The diagnosis of the Transformer's plateau on a small instance (10 keys, 15 pairs): with the shift, attention
+    # only has to match the query to a key; plain BertForMaskedLM is still near the most frequent value's accuracy
+    # after thousands of steps at this size (docs/results/associative_recall.md).
+    config = RecallConfig(model="transformer", vocab_size=20, seq_len=32, steps=300, batch_size=32, eval_every=300,
+                          eval_size=500, transformer_shift=True)  # fmt: skip
+    result = train(config, progress=False)
+    assert result["val_accuracy"] >= 0.95, result["curve"]
+
+
+@pytest.mark.slow
 def test_training_loop_logs_a_curve_and_the_table_reads_it(tmp_path):
     config = RecallConfig(vocab_size=8, seq_len=16, hidden_size=16, steps=4, batch_size=8, warmup_steps=2,
                           eval_every=2, eval_size=20)  # fmt: skip
@@ -140,8 +203,119 @@ def test_training_loop_logs_a_curve_and_the_table_reads_it(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(result))
     table = results_table([tmp_path / "run.json"])
     parameters = sum(p.numel() for p in build_model(config).parameters())
-    label = "orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1"
+    label = "orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1 / width 16"  # the non-default width named
     assert f"| {label} | {parameters / 1e3:.0f}K | 8 | 16 | 0 | 4 |" in table
+
+
+def test_the_validation_and_test_splits_are_fixed_and_differ():
+    config = RecallConfig(vocab_size=20, seq_len=32, eval_size=200)
+    val_inputs, val_targets = held_out_set(config, "validation")
+    test_inputs, _ = held_out_set(config, "test")
+    assert torch.equal(val_inputs, held_out_set(config, "validation")[0])  # the same sequences for every run
+    assert check_answers(val_inputs, val_targets, 20)
+    train_inputs, _ = generate_batch(200, 20, 32, torch.Generator().manual_seed(config.seed + 1))
+    rows = [set(map(tuple, x.tolist())) for x in (val_inputs, test_inputs, train_inputs)]
+    assert not rows[0] & rows[1] and not rows[0] & rows[2] and not rows[1] & rows[2]
+    with pytest.raises(ValueError, match="split must be one of .* got 'train'"):
+        held_out_set(config, "train")
+
+
+def test_the_plateau_predicts_the_most_frequent_value():
+    # Vocabulary 8: keys 0-3, values 4-7, start token 8; the last token is the query.
+    inputs = torch.tensor([[8, 0, 5, 1, 6, 2, 5, 3, 7, 1], [8, 0, 6, 1, 5, 2, 7, 3, 4, 0]])
+    assert most_frequent_value(inputs, 8).tolist() == [5, 4]  # a tie goes to the lowest value
+    config = RecallConfig(vocab_size=20, seq_len=32, eval_size=300)
+    inputs, targets = held_out_set(config, "test")
+    hits = 0
+    for row, target in zip(inputs.tolist(), targets.tolist()):
+        counts = Counter(t for t in row[:-1] if 10 <= t < 20)
+        top = max(counts.values())
+        hits += min(v for v, n in counts.items() if n == top) == target
+    assert plateau_accuracy(20, 32, 300) == hits / 300
+
+
+TINY_RUN = dict(vocab_size=8, seq_len=16, hidden_size=16, steps=6, batch_size=8, warmup_steps=2, eval_every=2,
+                eval_size=20)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_where_it_stopped(tmp_path, monkeypatch):
+    import experiments.recall as recall
+
+    config = RecallConfig(**TINY_RUN)
+    whole = train(config, progress=False)
+    assert [p["step"] for p in whole["curve"]] == [2, 4, 6]
+    assert {"val_accuracy", "test_accuracy", "val_loss", "test_loss"} <= set(whole["curve"][0])
+
+    calls = []
+
+    def stop_at_the_fourth_batch(batch_size, *args, generate=recall.generate_batch):
+        if batch_size == config.batch_size:  # a training batch, not a held-out split
+            calls.append(1)
+            if len(calls) == 4:
+                raise KeyboardInterrupt
+        return generate(batch_size, *args)
+
+    paths = {"log_path": tmp_path / "run.log", "result_path": tmp_path / "run.json",
+             "checkpoint_path": tmp_path / "run.ckpt"}  # fmt: skip
+    monkeypatch.setattr(recall, "generate_batch", stop_at_the_fourth_batch)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=False, **paths)
+    monkeypatch.undo()
+    stopped = json.loads((tmp_path / "run.json").read_text())
+    assert not stopped["finished"] and stopped["steps_done"] == 2 and (tmp_path / "run.ckpt").exists()
+
+    resumed = train(config, progress=False, **paths)
+
+    def metrics(result):
+        return [{k: v for k, v in point.items() if k != "seconds"} for point in result["curve"]]
+
+    assert metrics(resumed) == metrics(whole)  # the same model, optimizer and data stream as the uninterrupted run
+    assert resumed["finished"] and not (tmp_path / "run.ckpt").exists()
+    assert [json.loads(line)["step"] for line in (tmp_path / "run.log").read_text().splitlines()] == [2, 4, 6]
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    config = RecallConfig(**TINY_RUN)
+    torch.save({"config": {**asdict(config), "lr": 0.5}}, tmp_path / "run.ckpt")
+    with pytest.raises(ValueError, match=r"belongs to another run; .* \{'lr': \(0.5, 0.002\)\}"):
+        train(config, progress=False, checkpoint_path=tmp_path / "run.ckpt")
+
+
+def fake_result(**config) -> dict:
+    """A run file as train() writes it, for a config, without training."""
+    curve = [{"step": s, "train_loss": 1.0, "val_loss": 1.0, "val_accuracy": 0.5, "test_loss": 1.0,
+              "test_accuracy": 0.25 * s / 100, "seconds": 6.0 * s} for s in (100, 200)]  # fmt: skip
+    config = asdict(RecallConfig(steps=200, **config))
+    return {"config": config, "parameters": 1000, "finished": True, "steps_done": 200, "val_accuracy": 0.5,
+            "test_accuracy": 0.5, "best_test_accuracy": 0.5, "seconds": 1200.0, "curve": curve}  # fmt: skip
+
+
+def test_a_results_page_is_rebuilt_from_its_run_files(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "grid").mkdir(parents=True)
+    (runs / "grid" / "a.json").write_text(json.dumps(fake_result(lr=5e-4)))
+    (runs / "grid" / "b.json").write_text(json.dumps(fake_result(model="static")))
+    (runs / "main.json").write_text(json.dumps(fake_result(vocab_size=30)))
+    page = ("# Page\n\n<!-- generated table grid/*.json -->\n| stale |\n<!-- end generated -->\n\nText.\n\n"
+            "<!-- generated figure *.json main.png -->\nold\n<!-- end generated -->\n")  # fmt: skip
+    rendered = render_page(page, runs)
+    table = results_table([runs / "grid" / "a.json", runs / "grid" / "b.json"])
+    assert rendered == ("# Page\n\n<!-- generated table grid/*.json -->\n" + table + "<!-- end generated -->\n\nText."
+                        "\n\n<!-- generated figure *.json main.png -->\n![learning curves](main.png)\n"
+                        "<!-- end generated -->\n")  # fmt: skip
+    assert "| 0.0005 | 100 | 50.0 | 50.0 |" in table and "| static" in table
+    assert render_page(rendered, runs) == rendered  # rebuilding an up-to-date page changes nothing
+    with pytest.raises(ValueError, match="no run files match 'other/\\*.json'"):
+        render_page("<!-- generated table other/*.json -->\n<!-- end generated -->", runs)
+
+
+@pytest.mark.slow
+def test_a_results_page_draws_its_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "run.json").write_text(json.dumps(fake_result()))
+    render_page("<!-- generated figure run.json curves.png -->\n<!-- end generated -->\n", tmp_path, tmp_path)
+    assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
 def test_training_ends_where_stop_says_with_a_last_evaluation():
@@ -174,6 +348,12 @@ FLAGS = [
     (["--filter_spectrum", "convolution"], lambda c, m: m.config.filter_spectrum == "convolution"),
     (["--conditioning_norm"],
      lambda c, m: isinstance(m.orchid.encoder.layer[0].mixer.conditioning, NormalizedConditioning)),
+    (["--model", "transformer", "--transformer_positions", "rotary"],
+     lambda c, m: type(m).__name__ == "RoFormerForMaskedLM"),
+    (["--model", "transformer", "--transformer_positions", "sinusoidal"],
+     lambda c, m: torch.allclose(m.bert.embeddings.position_embeddings.weight, sinusoids(16, 16), atol=1e-3)),
+    (["--model", "transformer", "--transformer_shift"],
+     lambda c, m: isinstance(m.bert.embeddings.word_embeddings, ShiftedEmbedding)),
     (["--embedding_init_std", "0.5"], lambda c, m: m.config.word_embedding_init_std == 0.5),
     (["--config_overrides", '{"pre_norm": false}'], lambda c, m: m.config.pre_norm is False),
     (["--steps", "4"], lambda c, m: c["steps"] == 4),
@@ -210,12 +390,23 @@ def test_the_script_prints_the_table_and_plots_the_curves(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     script = load_script()
     for model in ("orchid", "transformer"):
-        script.main([*TINY, "--model", model, "--out", str(tmp_path / f"{model}.json")])
+        script.main([*TINY, "--model", model, "--note", f"a {model} note", "--out", str(tmp_path / f"{model}.json")])
+    assert json.loads((tmp_path / "orchid.json").read_text())["note"] == "a orchid note"
     capsys.readouterr()
     script.main(["--table", str(tmp_path / "orchid.json"), str(tmp_path / "transformer.json"),
                  "--plot", str(tmp_path / "curves.png")])  # fmt: skip
     table = capsys.readouterr().out
     assert "transformer (BertForMaskedLM)" in table and "| orchid / dct / abs" in table
+    assert "| a orchid note |" in table and "| a transformer note |" in table
+    assert "| 2 | 4 | 0.002 | 100 |" in table  # steps, batch, lr, warm-up
     assert (tmp_path / "curves.png").stat().st_size > 1000
     with pytest.raises(SystemExit):
         script.main(["--plot", str(tmp_path / "x.png")])
+    page = tmp_path / "page.md"
+    page.write_text("<!-- generated table orchid.json -->\n<!-- end generated -->\n"
+                    "<!-- generated figure *.json page_curves.png -->\n<!-- end generated -->\n")  # fmt: skip
+    script.main(["--update_page", str(page), "--runs", str(tmp_path)])
+    assert "| orchid / dct / abs" in page.read_text() and "transformer (BertForMaskedLM)" not in page.read_text()
+    assert (tmp_path / "page_curves.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        script.main(["--update_page", str(page)])

@@ -122,6 +122,18 @@ ORCHID_MAPPINGS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def transformers_default_verbosity():
+    """transformers' tests read its warnings (the loading report): at the default verbosity, whatever an earlier test
+    (a recipe run, which sets the level from its arguments) left."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_warning()
+    yield
+    logging.set_verbosity(verbosity)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def orchid_in_the_auto_mappings():
     for name, class_name in ORCHID_MAPPINGS.items():
@@ -236,9 +248,11 @@ class OrchidImageModelTester:
         self.type_sequence_label_size = type_sequence_label_size
         self.seq_length = (image_size // patch_size) ** 2
 
+    preset = "orchid-vit-cifar-s"
+
     def get_config(self) -> OrchidConfig:
         return OrchidConfig.from_preset(
-            "orchid-vit-cifar-s",
+            self.preset,
             image_size=self.image_size,
             patch_size=self.patch_size,
             num_channels=self.num_channels,
@@ -316,3 +330,24 @@ class OrchidImageModelTest(common.ModelTesterMixin, unittest.TestCase):
             model = model_class(config)
             self.assertIsInstance(model.get_input_embeddings(), torch.nn.Conv2d)
             self.assertIsNone(model.get_output_embeddings())
+
+
+class OrchidImage2dModelTester(OrchidImageModelTester):
+    """The image tester's sizes with the 2-D hybrid: a 2-D Orchid layer over the 4 x 4 grid, then ViT's attention."""
+
+    preset = "orchid-vit-2d-hybrid-s"
+
+
+@skip_what_orchid_does_not_have
+class OrchidImage2dModelTest(OrchidImageModelTest):
+    """The image models with ``image_mixer="2d"`` and a hybrid stack (``layer_types="orchid-first"``)."""
+
+    def setUp(self):
+        self.model_tester = OrchidImage2dModelTester(self)
+        self.config_tester = configuration_common.ConfigTester(
+            self, config_class=OrchidConfig, has_text_modality=False, hidden_size=36, image_size=8, patch_size=2,
+            # A config stores layer_types as a list, one entry per layer (a short form such as "orchid-first" is
+            # expanded when the config is built), so the tester, which reads back what it passed, passes the list.
+            image_mixer="2d", num_hidden_layers=2, layer_types=["orchid", "full_attention"],
+            common_properties=["hidden_size", "num_hidden_layers"],
+        )

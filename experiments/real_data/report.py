@@ -50,8 +50,7 @@ CONTEXT_EVAL_RUN = re.compile(r"^ctx-eval-(?P<model>[a-z]+-\d+(-base|-extended)?
 ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logistic regression"}
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
 RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "probe", "image", "context", "context-eval")
-MARKER = "<!-- real-data:{name} -->"
-END_MARKER = "<!-- /real-data:{name} -->"
+BLOCKS = "real-data"  # the generated blocks of docs/results/real_data.md and the README: <!-- real-data:NAME -->
 
 
 # ---------------------------------------------------------------------------------------------
@@ -923,9 +922,10 @@ def render_context_report(records: dict[str, list[dict]], report: str | Path) ->
     return blocks
 
 
-def replace_block(text: str, name: str, content: str) -> str:
-    """``text`` with what lies between the markers of block ``name`` replaced by ``content``."""
-    start, end = MARKER.format(name=name), END_MARKER.format(name=name)
+def replace_block(text: str, name: str, content: str, blocks: str = BLOCKS) -> str:
+    """``text`` with what lies between the markers of block ``name`` (``<!-- BLOCKS:NAME -->`` and
+    ``<!-- /BLOCKS:NAME -->``, ``blocks`` the page's kind of block) replaced by ``content``."""
+    start, end = f"<!-- {blocks}:{name} -->", f"<!-- /{blocks}:{name} -->"
     if start not in text or end not in text:
         raise ValueError(f"the text has no {start} ... {end} block to fill")
     head, rest = text.split(start, 1)

@@ -1,0 +1,214 @@
+"""The report of scripts/images_2d.sh: ViT, Orchid 1-D, Orchid 2-D and the 2-D hybrid on Fashion-MNIST.
+
+A run is the output folder of scripts/train_image.py (``results.json``, ``all_results.json``) or of
+scripts/image_baseline.py; its name says what it is: ``pPATCH-MODEL-lrLR-s0`` (a grid point, scored on the validation
+split of the training images), ``pPATCH-MODEL-chosen-sSEED`` (the chosen learning rate, scored on the test images),
+``logreg`` (the floor). :func:`collect_runs` keeps one JSON per finished run; :func:`render_report` makes the tables
+of docs/results/images_2d.md and the README's line from those JSONs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from experiments.real_data.report import best_grid_point, machine_description, replace_block
+
+GRID_RUN = re.compile(r"^p(?P<patch>\d+)-(?P<model>[a-z0-9-]+?)-lr(?P<lr>[0-9.e-]+)-s(?P<seed>\d+)$")
+CHOSEN_RUN = re.compile(r"^p(?P<patch>\d+)-(?P<model>[a-z0-9-]+?)-chosen-s(?P<seed>\d+)$")
+MODELS = {
+    "vit": "ViT (transformers)",
+    "orchid-1d": "Orchid 1-D (patches as one sequence)",
+    "orchid-2d": "Orchid 2-D (over the patch grid)",
+    "orchid-2d-hybrid": "Orchid 2-D hybrid (2-D first, then attention)",
+}
+BLOCKS = "images-2d"  # the generated blocks of docs/results/images_2d.md and the README: <!-- images-2d:NAME -->
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def run_record(folder: Path) -> dict | None:
+    """The record of one finished run (None for a folder that is not a run of scripts/images_2d.sh)."""
+    name = folder.name
+    results = _read(folder / "results.json")
+    if name == "logreg":
+        return {"kind": "floor", "name": name, "accuracy": results["accuracy"], "num_eval": results["num_eval"],
+                "train_seconds": results["train_seconds"]}  # fmt: skip
+    match = GRID_RUN.match(name) or CHOSEN_RUN.match(name)
+    if match is None:
+        return None
+    record = {
+        "kind": "grid" if "lr" in match.groupdict() else "test",
+        "name": name,
+        "patch": int(match["patch"]),
+        "model": match["model"],
+        "seed": int(match["seed"]),
+        "accuracy": results["accuracy"],
+        "eval_split": results["eval_split"],
+        "num_train": results["num_train"],
+        "num_eval": results["num_eval"],
+        "num_parameters": results["num_parameters"],
+        "steps": results["steps"],
+        # Training alone: the runs evaluate only after training (--eval_strategy no).
+        "train_seconds": results["train_seconds"],
+        "train_images_per_second": results["num_train"] * results["epochs"] / results["train_seconds"],
+        "hyperparameters": results["hyperparameters"],
+    }
+    if record["kind"] == "grid":
+        record["learning_rate"] = match["lr"]
+    metrics = folder / "all_results.json"
+    if metrics.is_file():
+        evaluation = _read(metrics)
+        record["eval_images_per_second"] = evaluation["eval_samples"] / evaluation["eval_runtime"]
+    return record
+
+
+def collect_runs(
+    runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1, runs_at_a_time: int = 2
+) -> list[str]:
+    """One JSON per finished run of ``runs_dir`` (a folder with results.json) in ``results_dir``, and
+    ``machine.json`` (how the runs shared the machine); returns the run names kept."""
+    runs_dir, results_dir = Path(runs_dir), Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for folder in sorted(p for p in runs_dir.iterdir() if (p / "results.json").is_file()):
+        record = run_record(folder)
+        if record is not None:
+            (results_dir / f"{folder.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+            kept.append(folder.name)
+    if not kept:
+        raise ValueError(f"{runs_dir} has no finished run (a folder with results.json) of scripts/images_2d.sh")
+    machine = machine_description(threads_per_run, runs_at_a_time)
+    (results_dir / "machine.json").write_text(json.dumps(machine, indent=1) + "\n")
+    return kept
+
+
+def choose_learning_rate(records: list[dict], patch: int, model: str, learning_rates: list[str]) -> str:
+    """The learning rate of ``model`` at ``patch`` whose grid point scores best on the validation split (on ties the
+    lowest); a ValueError naming the points that have not finished."""
+    points = {r["learning_rate"]: r for r in records if r["kind"] == "grid" and (r["patch"], r["model"]) == (
+        patch, model)}  # fmt: skip
+    missing = [lr for lr in learning_rates if lr not in points]
+    if not learning_rates or missing:
+        raise ValueError(f"grid p{patch}-{model}: no finished run for the learning rates {missing or learning_rates}")
+    chosen = best_grid_point([(float(lr), points[lr]["accuracy"]) for lr in learning_rates])
+    return next(lr for lr in learning_rates if float(lr) == chosen)
+
+
+def runs_in(runs_dir: str | Path) -> list[dict]:
+    """The records of the finished runs in ``runs_dir`` (read from the run folders)."""
+    folders = sorted(p for p in Path(runs_dir).iterdir() if (p / "results.json").is_file())
+    return [r for r in map(run_record, folders) if r is not None]
+
+
+def load_records(results_dir: str | Path) -> list[dict]:
+    return [_read(path) for path in sorted(Path(results_dir).glob("*.json")) if path.name != "machine.json"]
+
+
+def _percent(values: list[float]) -> str:
+    return " / ".join(f"{100 * v:.2f}" for v in values)
+
+
+def test_table(records: list[dict], learning_rates: list[str]) -> str:
+    """Per patch size and model: the chosen learning rate, the test accuracy of each seed and their mean, and the
+    speed of training and evaluation."""
+    rows = [
+        "| patches | model | parameters | learning rate (chosen) | test accuracy, seeds 0 / 1 (%) | mean | "
+        "training time | training images/s | test images/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    tests = [r for r in records if r["kind"] == "test"]
+    for patch in sorted({r["patch"] for r in tests}, reverse=True):
+        tokens = (28 // patch) ** 2
+        for model in MODELS:
+            runs = sorted((r for r in tests if (r["patch"], r["model"]) == (patch, model)), key=lambda r: r["seed"])
+            if not runs:
+                continue
+            lr = choose_learning_rate(records, patch, model, learning_rates)
+            accuracies = [r["accuracy"] for r in runs]
+            rows.append(
+                f"| {patch}x{patch} ({tokens} tokens) | {MODELS[model]} | {runs[0]['num_parameters']:,} | {lr} | "
+                f"{_percent(accuracies)} | **{100 * statistics.mean(accuracies):.2f}** | "
+                f"{statistics.mean(r['train_seconds'] for r in runs) / 60:.1f} min | "
+                f"{statistics.mean(r['train_images_per_second'] for r in runs):.0f} | "
+                f"{statistics.mean(r.get('eval_images_per_second', float('nan')) for r in runs):.0f} |"
+            )
+    return "\n".join(rows)
+
+
+def grid_table(records: list[dict], learning_rates: list[str]) -> str:
+    """The validation accuracy of every grid point."""
+    rows = [
+        "| patches | model | " + " | ".join(f"lr {lr}" for lr in learning_rates) + " |",
+        "|---|---|" + "---|" * len(learning_rates),
+    ]
+    grid = [r for r in records if r["kind"] == "grid"]
+    for patch in sorted({r["patch"] for r in grid}, reverse=True):
+        for model in MODELS:
+            points = {r["learning_rate"]: r["accuracy"] for r in grid if (r["patch"], r["model"]) == (patch, model)}
+            if points:
+                cells = [f"{100 * points[lr]:.2f}" if lr in points else "—" for lr in learning_rates]
+                rows.append(f"| {patch}x{patch} | {MODELS[model]} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def headline(records: list[dict], learning_rates: list[str]) -> str:
+    """The README's line: the 2-D model against the others at each patch size."""
+    tests = [r for r in records if r["kind"] == "test"]
+    patches = sorted({r["patch"] for r in tests}, reverse=True)
+
+    def mean(model: str) -> str:
+        values = []
+        for patch in patches:
+            runs = [r["accuracy"] for r in tests if (r["patch"], r["model"]) == (patch, model)]
+            values.append(f"{100 * statistics.mean(runs):.2f}%" if runs else "—")
+        return " / ".join(values)
+
+    floor = [r for r in records if r["kind"] == "floor"]
+    floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
+    train = tests[0]["num_train"] if tests else 0
+    return (
+        "| images in two dimensions | Orchid 2-D | baselines | details |\n|---|---|---|---|\n"
+        f"| Fashion-MNIST test accuracy, {' / '.join(f'{p}x{p}' for p in patches)} patches, lr chosen on "
+        f"validation | {mean('orchid-2d')} | ViT {mean('vit')}; Orchid 1-D {mean('orchid-1d')}; 2-D hybrid "
+        f"{mean('orchid-2d-hybrid')} | 2 seeds; {train:,} training images each, one pass{floor_text} |"
+    )
+
+
+def render_report(
+    results_dir: str | Path, report: str | Path, learning_rates: list[str], readme: str | Path | None = None
+) -> dict[str, str]:
+    """Fill the blocks ``test``, ``grid``, ``floor``, ``machine`` of ``report`` and ``headline`` of ``readme`` from
+    the records in ``results_dir``; returns the blocks."""
+    records = load_records(results_dir)
+    if not records:
+        raise ValueError(f"{results_dir} holds no records: run scripts/images_2d_report.py --runs first")
+    blocks = {"test": test_table(records, learning_rates), "grid": grid_table(records, learning_rates)}
+    floor = [r for r in records if r["kind"] == "floor"]
+    if floor:
+        floor = floor[0]
+        blocks["floor"] = (
+            f"Logistic regression on standardised pixels (all 60,000 training images): "
+            f"**{100 * floor['accuracy']:.2f}%** on the {floor['num_eval']:,} test images, fitted in "
+            f"{floor['train_seconds']:.0f} s."
+        )
+    machine_file = Path(results_dir) / "machine.json"
+    if machine_file.is_file():
+        machine = _read(machine_file)
+        blocks["machine"] = (
+            f"{machine['processor']}, {machine['cpu_count']} cores, {machine['platform']}, torch {machine['torch']}; "
+            f"every run on {machine['threads_per_run']} thread(s), {machine['runs_at_a_time']} run(s) at a time: "
+            "times compare the models with each other, not with other machines."
+        )
+    text = Path(report).read_text()
+    for name, content in blocks.items():
+        text = replace_block(text, name, content, BLOCKS)
+    Path(report).write_text(text)
+    if readme is not None:
+        blocks["headline"] = headline(records, learning_rates)
+        Path(readme).write_text(replace_block(Path(readme).read_text(), "headline", blocks["headline"], BLOCKS))
+    return blocks
