@@ -11,8 +11,9 @@
 #                                                      # with its filters in the common parameter group (2 seeds)
 #   bash scripts/real_data.sh run pairs                # same novel or not, pairs of 64-token passages, as `attribution`
 #   bash scripts/real_data.sh run grid                 # both architectures, pretrained and from scratch, on attribution
-#                                                      # 128 and 512 and the pairs: the learning rate chosen on the
-#                                                      # validation chapters, then 3 seeds at it on the test chapters
+#                                                      # 128, 512 and 2048 and the pairs: the learning rate chosen on
+#                                                      # the validation chapters, then 3 seeds at it on the test
+#                                                      # chapters (2048: the long-context stage's models)
 #   bash scripts/real_data.sh run text-floor           # the grid's tasks by logistic regression on token frequencies
 #   bash scripts/real_data.sh run pair-probe           # the pair task by logistic regression on frozen features of
 #                                                      # both architectures, pretrained and at random initialisation
@@ -26,7 +27,8 @@
 # `run` puts the jobs of the stages it is given in one queue and runs JOBS of them at a time, each on THREADS (one)
 # thread, so the two cores are shared alike by the models compared; the `grid` stage then goes task by task, each
 # task's seeds in a second queue after its grid points, and `long-context` in three queues (the runs from scratch
-# and the model to extend, the extensions, the evaluations). A job whose output folder already holds results.json (a
+# and the model to extend, the extensions, the evaluations) before the grid, whose 2048-token task fine-tunes its
+# models. A job whose output folder already holds results.json (a
 # finished run) is skipped, so a stopped `run` picks up where it was: delete a run's folder to run it again. NICE
 # (default 0) is the niceness of every job. DATA is the folder of ../shared/data's layout (austen/,
 # bert-base-uncased/, fashion-mnist/); `bash scripts/real_data.sh jobs STAGE` prints a stage's commands in the order
@@ -101,19 +103,32 @@ timed() {
 # Fine-tuning on TASK (a folder of prepare: attribution-128, attribution-512, pairs-128; its number is the sequence
 # length), trained on the TRAIN file and evaluated on the EVAL file of that folder: `finetune_args TASK TRAIN EVAL`.
 # Every run computes in float32 (no bfloat16 or TensorFloat-32 on a GPU either), so a run means the same anywhere.
+# A step takes 32 passages, or 16,384 tokens where 32 passages would be more (8 passages of 2048 tokens).
 finetune_args() {
-    echo "--train_file $OUT/austen/$1/$2.csv --validation_file $OUT/austen/$1/$3.csv --max_seq_length ${1##*-} \
---per_device_train_batch_size 32 --save_strategy no --report_to none --threads $THREADS --disable_tqdm True \
+    local length=${1##*-} batch=32
+    [ $((32 * length)) -le 16384 ] || batch=$((16384 / length))
+    echo "--train_file $OUT/austen/$1/$2.csv --validation_file $OUT/austen/$1/$3.csv --max_seq_length $length \
+--per_device_train_batch_size $batch --save_strategy no --report_to none --threads $THREADS --disable_tqdm True \
 --bf16 False --tf32 False"
 }
 
-# The model of a fine-tuning run: `model_args ARCH INIT`, INIT pretrained (the pretrain stage's model) or scratch.
+# The model of a fine-tuning run: `model_args ARCH INIT [LENGTH]`, INIT pretrained or scratch. Up to 512 tokens, the
+# pretrain stage's model or its configuration; longer passages (the 2048-token attribution task), the long-context
+# stage's model pretrained from scratch at LENGTH (ctx-ARCH-LENGTH) or its configuration.
 model_args() {
-    if [ "$2" = pretrained ]; then
-        echo "--model_name_or_path $OUT/pretrain-$1"
-    else
-        echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT") \
+    local length=${3:-128}
+    if [ "$length" -le 512 ]; then
+        if [ "$2" = pretrained ]; then
+            echo "--model_name_or_path $OUT/pretrain-$1"
+        else
+            echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT") \
 --tokenizer_name $OUT/austen/tokenizer"
+        fi
+    elif [ "$2" = pretrained ]; then
+        echo "--model_name_or_path $OUT/ctx-$1-$length"
+    else
+        echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$ORCHID_CONTEXT" || echo "$BERT_CONTEXT")\
+,max_position_embeddings=$length --tokenizer_name $OUT/austen/tokenizer"
     fi
 }
 
@@ -130,7 +145,7 @@ attribution_args() { fixed_args "attribution-$1"; }
 # again with every seed of GRID_SEEDS and scored on the test chapters.
 # GRID_TASKS, GRID_ARCHS and GRID_INITS narrow the grid to some tasks, architectures or initialisations (to share it
 # between machines, say: the runs from scratch need no pretrained model).
-GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128"}
+GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128 attribution-2048"}
 GRID_ARCHS=${GRID_ARCHS:-"orchid bert"}
 GRID_INITS=${GRID_INITS:-"pretrained scratch"}
 GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
@@ -202,7 +217,7 @@ jobs() {
             for init in $GRID_INITS; do
                 for arch in $GRID_ARCHS; do
                     local group=grid-$task-$arch-$init model
-                    model=$(model_args $arch $init)
+                    model=$(model_args $arch $init ${task##*-})
                     if [ "$phase" = 1 ]; then
                         for lr in $GRID_LEARNING_RATES; do
                             local name=$OUT/$group-lr$lr-s0
@@ -296,8 +311,8 @@ $BERT_CONTEXT,max_position_embeddings=$length"
 
 STAGES=" pretrain bert-lr attribution attribution-variants pairs grid text-floor pair-probe images long-context "
 # The queues of the STAGES given, in order, each as its commands followed by an empty line: the stages other than
-# the grid and long-context in one queue, then for each task of the grid its points, then its seeds, then the three
-# phases of long-context.
+# the grid and long-context in one queue, then the three phases of long-context, then for each task of the grid its
+# points, then its seeds.
 queues() {
     local stage task phase grid=no context=no
     for stage in "$@"; do
@@ -308,6 +323,12 @@ queues() {
         esac
     done
     echo
+    if [ $context = yes ]; then
+        for phase in 1 2 3; do
+            jobs long-context $phase
+            echo
+        done
+    fi
     if [ $grid = yes ]; then
         for task in $GRID_TASKS; do
             for phase in 1 2; do
@@ -316,18 +337,12 @@ queues() {
             done
         done
     fi
-    if [ $context = yes ]; then
-        for phase in 1 2 3; do
-            jobs long-context $phase
-            echo
-        done
-    fi
 }
 
 case "${1:-}" in
 prepare)
     $PY scripts/prepare_novels.py --novels "$DATA"/austen/*.txt --held_out persuasion \
-        --vocab_dir "$DATA/bert-base-uncased" --passage_tokens 128 512 --pair_tokens 64 --output_dir "$OUT/austen"
+        --vocab_dir "$DATA/bert-base-uncased" --passage_tokens 128 512 2048 --pair_tokens 64 --output_dir "$OUT/austen"
     ;;
 jobs | run)
     command=$1

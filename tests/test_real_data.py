@@ -515,7 +515,8 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
     grid = jobs("grid")
     # Task by task, in `run`'s order: a task's 12 grid points, then its 12 seeds.
     tasks = [grid[start:start + 24] for start in range(0, len(grid), 24)]
-    assert [GRID_RUN.match(run_name(chunk[0]))["task"] for chunk in tasks] == ["attribution", "attribution", "pairs"]
+    assert [GRID_RUN.match(run_name(chunk[0])).group("task", "length") for chunk in tasks] == [
+        ("attribution", "128"), ("attribution", "512"), ("pairs", "128"), ("attribution", "2048")]  # fmt: skip
     points = [line for chunk in tasks for line in chunk[:12]]
     seeds = [line for chunk in tasks for line in chunk[12:]]
     for chunk in tasks:
@@ -527,6 +528,18 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
         assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/validation.csv " in line
         assert f"--max_seq_length {match['length']} " in line and "--num_train_epochs 3 " in line
         assert f"--learning_rate {match['lr']} " in line and "--pooling" not in line
+        # 32 passages a step, or 16,384 tokens where 32 passages would hold more; passages longer than the pretrain
+        # stage's 512 positions start from the long-context stage's model of their length (or its configuration).
+        length, arch = int(match["length"]), match["arch"]
+        assert f"--per_device_train_batch_size {min(32, 16384 // length)} " in line
+        if match["init"] == "pretrained":
+            model = f"pretrain-{arch}" if length <= 512 else f"ctx-{arch}-{length}"
+            assert f"--model_name_or_path {tmp_path}/out/{model} " in line
+        else:
+            overrides = re.search(r"--config_overrides (\S+)", line)[1]
+            assert overrides.startswith("hidden_size=256," if length <= 512 else "hidden_size=128,")
+            assert f"max_position_embeddings={max(length, 512)}" in overrides.split(",")
+            assert ("num_attention_heads=4" in overrides) == (arch == "bert")
     for line in seeds:
         match = GRID_RUN.match(run_name(line))
         assert match and match["chosen"] and match["seed"] in ("0", "1", "2")
@@ -536,7 +549,7 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
                                "--grid_learning_rates 1e-4 3e-4 1e-3) && python scripts/finetune_glue.py ")  # fmt: skip
         assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/test.csv " in line
         assert "--learning_rate $lr " in line and "--num_train_epochs 3 " in line
-    assert len({run_name(line) for line in grid}) == 72
+    assert len({run_name(line) for line in grid}) == 96
     # Every run computes in float32, also on a GPU (no bfloat16, no TensorFloat-32).
     assert all("--bf16 False --tf32 False " in line for line in grid)
     # GRID_ARCHS and GRID_TASKS narrow the grid: one architecture's runs of one task, its points before its seeds.
@@ -582,13 +595,13 @@ def test_run_skips_finished_runs_and_goes_task_by_task(tmp_path):
     subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "run", "grid"], env=env, check=True)
     logs = sorted(out.glob("*.log"), key=lambda path: path.stat().st_mtime_ns)
     names = [path.stem for path in logs]
-    assert len(names) == 71 and finished.name not in names and not (out / f"{finished.name}.log").exists()
+    assert len(names) == 95 and finished.name not in names and not (out / f"{finished.name}.log").exists()
     assert all(path.read_text().startswith("scripts/finetune_glue.py ") for path in logs)
-    assert f"--output_dir {out}/grid-pairs-128-bert-scratch-chosen-s2" in logs[-1].read_text()
+    assert f"--output_dir {out}/grid-attribution-2048-bert-scratch-chosen-s2" in logs[-1].read_text()
     order = [(GRID_RUN.match(name)["task"] + GRID_RUN.match(name)["length"], bool(GRID_RUN.match(name)["chosen"]))
              for name in names]  # fmt: skip
-    assert order == sorted(order, key=lambda key: (["attribution128", "attribution512", "pairs128"].index(key[0]),
-                                                   key[1]))  # fmt: skip
+    tasks = ["attribution128", "attribution512", "pairs128", "attribution2048"]
+    assert order == sorted(order, key=lambda key: (tasks.index(key[0]), key[1]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -884,6 +897,10 @@ def test_long_context_report_comes_from_the_runs(tmp_path):
     assert tables["Every masked token"]["Orchid 16"] == ["16", cell("all", 0, "orchid-16").format(""),
                                                          cell("all", 1, "orchid-16").format("*")]  # fmt: skip
     assert tables["Far and rare tokens"]["BERT 16"] == ["16", cell("far, rare", 0, "bert-16").format(""), "–"]
+    # The README's line: Orchid and BERT from scratch at the longest length both trained at, each read at it.
+    line = next(row for row in blocks["headline"].splitlines() if row.startswith("| Austen MLM at 16 tokens"))
+    accuracy = [evaluation[name][0]["categories"]["all"]["accuracy"] for name in ("orchid-16", "bert-16")]
+    assert f"| {100 * accuracy[0]:.1f}% | BERT {100 * accuracy[1]:.1f}% |" in line
     one_length = next(e for e in evaluation["orchid-32"] if e["one_transform_length"])
     assert one_length["length"] == 16
     assert tables["Every masked token"]["Orchid 32, one transform length"][1] == (

@@ -575,6 +575,7 @@ def headline_table(records: dict[str, list[dict]]) -> str:
             f"| BERT {100 * b['eval']['masked_accuracy']:.1f}% | same steps and data order; "
             f"{o['train_seconds'] / 60:.0f} vs {b['train_seconds'] / 60:.0f} min of training |"
         )
+    rows.extend(context_headline(records["context"], records["context-eval"]))
     pretrained = [r for r in records["attribution"] if r["init"] == "pretrained" and not r.get("variant")]
     groups = _group(pretrained, "length", "arch")
     for length in sorted({key[0] for key in groups}):
@@ -620,6 +621,36 @@ def headline_table(records: dict[str, list[dict]]) -> str:
             f"{time[1]:.0f} min{floor_text} |"
         )
     return "\n".join(rows)
+
+
+def context_headline(training: list[dict], evals: list[dict]) -> list[str]:
+    """The README's line of the long-context comparison: Orchid and BERT trained from scratch at the longest length
+    both were trained at, each read at that length."""
+    runs = {r["model"]: r for r in training if r["start"] == "scratch"}
+    read = {}
+    for record in evals:
+        for entry in record["evaluations"]:
+            if "categories" in entry and not entry["one_transform_length"]:
+                read[(record["model"], entry["length"])] = entry["categories"]
+    both = [n for n in sorted({r["length"] for r in runs.values()}, reverse=True)
+            if all(f"{arch}-{n}" in runs and (f"{arch}-{n}", n) in read for arch in ("orchid", "bert"))]  # fmt: skip
+    if not both:
+        return []
+    length = both[0]
+    (o, b), (co, cb) = ((runs[f"{a}-{length}"] for a in ("orchid", "bert")),
+                        (read[(f"{a}-{length}", length)] for a in ("orchid", "bert")))  # fmt: skip
+    memory = (f"; peak memory {o['peak_memory_mib']:,.0f} vs {b['peak_memory_mib']:,.0f} MiB"
+              if o["peak_memory_mib"] and b["peak_memory_mib"] else "")  # fmt: skip
+
+    def percent(category: dict) -> str:
+        return "–" if category["accuracy"] is None else f"{100 * category['accuracy']:.1f}%"
+
+    return [
+        f"| Austen MLM at {length:,} tokens of context, *Persuasion* held out, masked-token accuracy | "
+        f"{percent(co['all'])} | BERT {percent(cb['all'])} | same tokens; tokens found only further back "
+        f"{percent(co['far'])} vs {percent(cb['far'])}; {o['train_seconds'] / 60:.0f} vs "
+        f"{b['train_seconds'] / 60:.0f} min of training{memory} |"
+    ]
 
 
 def plot_pretraining(records: list[dict], path: str | Path) -> None:
