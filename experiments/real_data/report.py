@@ -888,16 +888,18 @@ def plot_context(training: list[dict], evals: list[dict], path: str | Path) -> N
     axes = figure.subplots(1, len(categories))
     rows = [row for row in _context_evaluations(evals) if not row[1]]
     rows.sort(key=lambda row: _context_order(names[row[0]]) if row[0] in names else (True, row[0], 9, 0))
-    for model, _, entries in rows:
+    for index, (model, _, entries) in enumerate(rows):
         run = names.get(model)
         label = _context_name(run) if run else model
         read = [e for e in entries if "categories" in e]
+        # One colour per model in every panel (the open markers would otherwise advance the colour cycle).
+        color = f"C{index % 10}"
         for ax, category in zip(axes, categories):
             xs = [e["length"] for e in read]
             # A category without tokens at some length has no accuracy there: a gap in its line.
             ys = [float("nan") if (acc := e["categories"][category]["accuracy"]) is None else 100 * acc for e in read]
-            (line,) = ax.plot(xs, ys, marker="o", label=label, linestyle="--" if run and run["arch"] != "orchid"
-                              else "-")  # fmt: skip
+            (line,) = ax.plot(xs, ys, marker="o", label=label, color=color,
+                              linestyle="--" if run and run["arch"] != "orchid" else "-")  # fmt: skip
             untrained = [(x, y) for x, y, e in zip(xs, ys, read) if "without training" in e["how"]]
             if untrained:
                 ax.plot(*zip(*untrained), marker="o", linestyle="none", markerfacecolor="white",
