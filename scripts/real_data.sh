@@ -116,19 +116,17 @@ finetune_args() {
 # pretrain stage's model or its configuration; longer passages (the 2048-token attribution task), the long-context
 # stage's model pretrained from scratch at LENGTH (ctx-ARCH-LENGTH) or its configuration.
 model_args() {
-    local length=${3:-128}
-    if [ "$length" -le 512 ]; then
-        if [ "$2" = pretrained ]; then
-            echo "--model_name_or_path $OUT/pretrain-$1"
-        else
-            echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$ORCHID_TEXT" || echo "$BERT_TEXT") \
---tokenizer_name $OUT/austen/tokenizer"
-        fi
-    elif [ "$2" = pretrained ]; then
-        echo "--model_name_or_path $OUT/ctx-$1-$length"
+    local length=${3:-128} pretrained=$OUT/pretrain-$1 orchid=$ORCHID_TEXT bert=$BERT_TEXT
+    if [ "$length" -gt 512 ]; then
+        pretrained=$OUT/ctx-$1-$length
+        orchid=$ORCHID_CONTEXT,max_position_embeddings=$length
+        bert=$BERT_CONTEXT,max_position_embeddings=$length
+    fi
+    if [ "$2" = pretrained ]; then
+        echo "--model_name_or_path $pretrained"
     else
-        echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$ORCHID_CONTEXT" || echo "$BERT_CONTEXT")\
-,max_position_embeddings=$length --tokenizer_name $OUT/austen/tokenizer"
+        echo "--model_type $1 --config_overrides $([ "$1" = orchid ] && echo "$orchid" || echo "$bert") \
+--tokenizer_name $OUT/austen/tokenizer"
     fi
 }
 

@@ -637,8 +637,8 @@ def context_headline(training: list[dict], evals: list[dict]) -> list[str]:
     if not both:
         return []
     length = both[0]
-    (o, b), (co, cb) = ((runs[f"{a}-{length}"] for a in ("orchid", "bert")),
-                        (read[(f"{a}-{length}", length)] for a in ("orchid", "bert")))  # fmt: skip
+    o, b = runs[f"orchid-{length}"], runs[f"bert-{length}"]
+    co, cb = read[(f"orchid-{length}", length)], read[(f"bert-{length}", length)]
     memory = (f"; peak memory {o['peak_memory_mib']:,.0f} vs {b['peak_memory_mib']:,.0f} MiB"
               if o["peak_memory_mib"] and b["peak_memory_mib"] else "")  # fmt: skip
 
