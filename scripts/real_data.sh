@@ -147,8 +147,13 @@ GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128 attribution-
 GRID_ARCHS=${GRID_ARCHS:-"orchid bert"}
 GRID_INITS=${GRID_INITS:-"pretrained scratch"}
 GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
-GRID_EPOCHS=3
 GRID_SEEDS="0 1 2"
+
+# The epochs of a grid run on TASK: 3, and 1 for passages longer than 512 tokens (attribution-2048), whose 3 epochs
+# would each cost as much as a long-context pretraining run: `grid_epochs TASK`.
+grid_epochs() {
+    [ "${1##*-}" -le 512 ] && echo 3 || echo 1
+}
 
 # The commands of STAGE in PHASE (1, or 2 for the grid's seeds), for the grid only those of TASKS (default
 # GRID_TASKS): `jobs STAGE PHASE [TASKS]`.
@@ -220,14 +225,14 @@ jobs() {
                         for lr in $GRID_LEARNING_RATES; do
                             local name=$OUT/$group-lr$lr-s0
                             echo "$PY scripts/finetune_glue.py $(finetune_args $task train validation) \
---num_train_epochs $GRID_EPOCHS --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
+--num_train_epochs $(grid_epochs $task) --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
                         done
                     else
                         for seed in $GRID_SEEDS; do
                             local name=$OUT/$group-chosen-s$seed
                             echo "lr=\$($PY scripts/real_data_report.py --runs $OUT --choose $group \
 --grid_learning_rates $GRID_LEARNING_RATES) && $PY scripts/finetune_glue.py $(finetune_args $task train test) \
---num_train_epochs $GRID_EPOCHS --learning_rate \$lr --seed $seed $model --output_dir $name > $name.log 2>&1"
+--num_train_epochs $(grid_epochs $task) --learning_rate \$lr --seed $seed $model --output_dir $name > $name.log 2>&1"
                         done
                     fi
                 done
