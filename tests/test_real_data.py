@@ -397,15 +397,16 @@ def test_the_time_note_says_how_the_runs_shared_the_machine():
     assert time_note({"threads_per_run": 1, "runs_at_a_time": 4}).endswith("on one thread beside 3 other runs.")
 
 
-def fake_finetune_run(folder: Path, accuracy: float, learning_rate: float, seconds: float = 120.0) -> None:
+def fake_finetune_run(folder: Path, accuracy: float, learning_rate: float, seconds: float = 120.0,
+                      epochs: float = 3.0) -> None:
     """A fine-tuning run's folder with the files the report reads, laid out as scripts/finetune_glue.py writes them."""
     folder.mkdir(parents=True)
     results = {
         "task": "own data", "recipe": "orchid-bert-classification", "model_type": "orchid",
         "initialized_from": "outputs/real_data/pretrain-orchid", "learning_rate": learning_rate,
-        "hyperparameters": {"learning_rate": f"peak {learning_rate:g}", "epochs": 3.0, "batch_size": 32,
+        "hyperparameters": {"learning_rate": f"peak {learning_rate:g}", "epochs": epochs, "batch_size": 32,
                             "pooling": "mean", "max_seq_length": 128},
-        "epochs_done": 3.0, "metrics": {"validation": {"accuracy": accuracy, "loss": 1.0}},
+        "epochs_done": epochs, "metrics": {"validation": {"accuracy": accuracy, "loss": 1.0}},
     }  # fmt: skip
     (folder / "results.json").write_text(json.dumps(results))
     history = [{"loss": 1.2, "step": 10, "train_seconds": seconds / 2}, {"step": 20, "train_seconds": seconds}]
@@ -418,7 +419,8 @@ GRID = ("1e-4", "3e-4", "1e-3")
 @pytest.fixture
 def grid_runs(tmp_path):
     """Run folders of the grid and pairs stages: Orchid ties at 3e-4 and 1e-3 (the lower is chosen), BERT's best is
-    1e-4, and the pair task's scratch Orchid has its grid but no run at the chosen point yet."""
+    1e-4, the pair task's scratch Orchid has its grid but no run at the chosen point yet, and the 2048-token task's
+    scratch BERT its grid of 1 epoch a point."""
     runs = tmp_path / "runs"
     validation = {"orchid-pretrained": (0.30, 0.40, 0.40), "bert-pretrained": (0.35, 0.33, 0.20)}
     for model, accuracies in validation.items():
@@ -429,6 +431,7 @@ def grid_runs(tmp_path):
         fake_finetune_run(runs / f"grid-attribution-128-bert-pretrained-chosen-s{seed}", 0.5, 1e-4)
     for lr, accuracy in zip(GRID, (0.6, 0.7, 0.5)):
         fake_finetune_run(runs / f"grid-pairs-128-orchid-scratch-lr{lr}-s0", accuracy, float(lr))
+        fake_finetune_run(runs / f"grid-attribution-2048-bert-scratch-lr{lr}-s0", accuracy, float(lr), epochs=1.0)
     for seed in (0, 1):
         fake_finetune_run(runs / f"pairs-128-orchid-pretrained-s{seed}", 0.6 + seed / 10, 2e-4)
         fake_finetune_run(runs / f"pairs-128-bert-pretrained-s{seed}", 0.55, 2e-4)
@@ -458,7 +461,7 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
     results = tmp_path / "results"
     collect_runs(grid_runs, results)
     records = load_records(results)
-    assert len(records["grid"]) == 15 and len(records["pairs"]) == 4 and not records["attribution"]
+    assert len(records["grid"]) == 18 and len(records["pairs"]) == 4 and not records["attribution"]
     assert len(records["floor"]) == 1
     report, readme = skeleton(tmp_path / "real_data.md"), skeleton(tmp_path / "README.md", ["headline"])
     blocks = render_report(results, report, readme)
@@ -479,7 +482,7 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
     assert rows["| same novel, pairs of 2 × 64 tokens | Orchid | scratch"].endswith(
         "| 60.0 | **70.0** | 50.0 | 0.0003 | – |"
     )
-    assert "Each grid point: 3 epochs, seed 0," in blocks["grid"]
+    assert "Each grid point: 3 epochs (1 for novel attribution, 2048 tokens), seed 0," in blocks["grid"]
     assert "time" not in blocks["grid"]  # the grid's runs may share a machine many at a time: no speed comparison
     assert "| 2 × 64 tokens | Orchid | pretrained | 65.0 (60.0 / 70.0) | 2.0 min |" in blocks["pairs"]
     assert ("| novel attribution, 128 tokens, pretrained, lr chosen on validation chapters | 43.0% | BERT 50.0% | "

@@ -541,9 +541,16 @@ def grid_table(records: list[dict]) -> str:
             f"| {task_text(task, length)} | {ARCH_NAMES.get(arch, arch)} | {init} | " + " | ".join(cells)
             + f" | {choice['chosen']:g} | {test} |"
         )
-    epochs = sorted({choice["epochs"] for choice in choices.values() if choice["epochs"] is not None})
+    # The epochs of most tasks, then the tasks trained for other numbers of epochs.
+    tasks_by_epochs = {}
+    for (task, length, _, _), choice in choices.items():
+        if choice["epochs"] is not None:
+            tasks_by_epochs.setdefault(choice["epochs"], {})[task_text(task, length)] = None
+    common = max(tasks_by_epochs, key=lambda e: len(tasks_by_epochs[e]), default=None)
+    others = [f"{e:g} for {', '.join(tasks)}" for e, tasks in tasks_by_epochs.items() if e != common]
+    epochs = "" if common is None else f"{common:g} epochs" + (f" ({'; '.join(others)})" if others else "") + ", "
     note = (
-        f"Each grid point: {' or '.join(f'{e:g}' for e in epochs)} epochs, seed 0, trained on the training chapters "
+        f"Each grid point: {epochs}seed 0, trained on the training chapters "
         "and scored on the validation chapters; the best point (in bold; on ties the lowest learning rate) trained "
         "again with each seed and scored on the test chapters."
     )
