@@ -149,8 +149,8 @@ GRID_INITS=${GRID_INITS:-"pretrained scratch"}
 GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
 GRID_SEEDS="0 1 2"
 
-# The epochs of a grid run on TASK: 3, and 1 for passages longer than 512 tokens (attribution-2048), whose 3 epochs
-# would each cost as much as a long-context pretraining run: `grid_epochs TASK`.
+# The epochs of a grid run on TASK: 3, and 1 for passages longer than 512 tokens (attribution-2048), where BERT's
+# attention makes an epoch several times as long as Orchid's (docs/results/long_context.md): `grid_epochs TASK`.
 grid_epochs() {
     [ "${1##*-}" -le 512 ] && echo 3 || echo 1
 }
