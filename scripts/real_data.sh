@@ -44,9 +44,10 @@ NICE=${NICE:-0}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 
-# The two text models: the same width, depth and MLP size; positions up to 512 so that one pretrained model
-# serves both passage lengths.
-ORCHID_TEXT=hidden_size=256,num_hidden_layers=4,intermediate_size=1024,max_position_embeddings=512
+# The two text models: the same width, depth and MLP size; positions up to TEXT_POSITIONS so that one pretrained
+# model serves both passage lengths up to it.
+TEXT_POSITIONS=512
+ORCHID_TEXT=hidden_size=256,num_hidden_layers=4,intermediate_size=1024,max_position_embeddings=$TEXT_POSITIONS
 BERT_TEXT=$ORCHID_TEXT,num_attention_heads=4
 # The image models: 28x28 grey images in 4x4 patches (49 tokens), width 128, 4 layers.
 ORCHID_IMAGE=image_size=28,num_channels=1,patch_size=4,hidden_size=128,num_hidden_layers=4,intermediate_size=256
@@ -112,12 +113,12 @@ finetune_args() {
 --bf16 False --tf32 False"
 }
 
-# The model of a fine-tuning run: `model_args ARCH INIT [LENGTH]`, INIT pretrained or scratch. Up to 512 tokens, the
-# pretrain stage's model or its configuration; longer passages (the 2048-token attribution task), the long-context
-# stage's model pretrained from scratch at LENGTH (ctx-ARCH-LENGTH) or its configuration.
+# The model of a fine-tuning run: `model_args ARCH INIT [LENGTH]`, INIT pretrained or scratch. Up to TEXT_POSITIONS
+# tokens, the pretrain stage's model or its configuration; longer passages (the 2048-token attribution task), the
+# long-context stage's model pretrained from scratch at LENGTH (ctx-ARCH-LENGTH) or its configuration.
 model_args() {
     local length=${3:-128} pretrained=$OUT/pretrain-$1 orchid=$ORCHID_TEXT bert=$BERT_TEXT
-    if [ "$length" -gt 512 ]; then
+    if [ "$length" -gt "$TEXT_POSITIONS" ]; then
         pretrained=$OUT/ctx-$1-$length
         orchid=$ORCHID_CONTEXT,max_position_embeddings=$length
         bert=$BERT_CONTEXT,max_position_embeddings=$length
@@ -149,10 +150,11 @@ GRID_INITS=${GRID_INITS:-"pretrained scratch"}
 GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
 GRID_SEEDS="0 1 2"
 
-# The epochs of a grid run on TASK: 3, and 1 for passages longer than 512 tokens (attribution-2048), where BERT's
-# attention makes an epoch several times as long as Orchid's (docs/results/long_context.md): `grid_epochs TASK`.
+# The epochs of a grid run on TASK: 3, and 1 for passages longer than TEXT_POSITIONS (attribution-2048), where
+# BERT's attention makes an epoch several times as long as Orchid's (docs/results/long_context.md):
+# `grid_epochs TASK`.
 grid_epochs() {
-    [ "${1##*-}" -le 512 ] && echo 3 || echo 1
+    [ "${1##*-}" -le "$TEXT_POSITIONS" ] && echo 3 || echo 1
 }
 
 # The commands of STAGE in PHASE (1, or 2 for the grid's seeds), for the grid only those of TASKS (default
@@ -219,20 +221,21 @@ jobs() {
         for task in $tasks; do
             for init in $GRID_INITS; do
                 for arch in $GRID_ARCHS; do
-                    local group=grid-$task-$arch-$init model
+                    local group=grid-$task-$arch-$init model epochs
                     model=$(model_args $arch $init ${task##*-})
+                    epochs=$(grid_epochs $task)
                     if [ "$phase" = 1 ]; then
                         for lr in $GRID_LEARNING_RATES; do
                             local name=$OUT/$group-lr$lr-s0
                             echo "$PY scripts/finetune_glue.py $(finetune_args $task train validation) \
---num_train_epochs $(grid_epochs $task) --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
+--num_train_epochs $epochs --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
                         done
                     else
                         for seed in $GRID_SEEDS; do
                             local name=$OUT/$group-chosen-s$seed
                             echo "lr=\$($PY scripts/real_data_report.py --runs $OUT --choose $group \
 --grid_learning_rates $GRID_LEARNING_RATES) && $PY scripts/finetune_glue.py $(finetune_args $task train test) \
---num_train_epochs $(grid_epochs $task) --learning_rate \$lr --seed $seed $model --output_dir $name > $name.log 2>&1"
+--num_train_epochs $epochs --learning_rate \$lr --seed $seed $model --output_dir $name > $name.log 2>&1"
                         done
                     fi
                 done
