@@ -11,7 +11,13 @@ from typing import ClassVar
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
-from .orchid_layers import FILTER_WINDOWS, OperatorSettings, extended_transform_lengths, is_integer
+from .orchid_layers import (
+    FILTER_WINDOWS,
+    OperatorSettings,
+    changed_context,
+    default_transform_lengths,
+    is_integer,
+)
 
 MLP_TYPES = ("mlp", "glu")
 CLASSIFIER_POOLINGS = ("first", "mean")
@@ -40,6 +46,9 @@ BUILD_FIELDS = (
     "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels", "image_mixer",
     "filter_window", "layer_types", "num_attention_heads", "attention_probs_dropout_prob", "qkv_bias",
 )  # fmt: skip
+
+# The fields that change when a text model's context is extended (OrchidModel.resize_position_embeddings).
+CONTEXT_FIELDS = ("max_position_embeddings", "transform_lengths", "filter_lag_scale")
 
 # The CIFAR-10 models of Table 4.5 / C.3 differ only in width. As for ImageNet (Sec. 4.3), the MLPs are block-diagonal
 # (4 blocks, width ratio 4, as ViT) and each layer has a residual long convolution. The paper gives neither the MLP's
@@ -270,9 +279,16 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        """``PreTrainedConfig.from_dict``, reading a config saved before ``transform_lengths`` existed as one transform
-        length, the longest input (the length such models were trained at); and, where ``max_position_embeddings`` is
-        given anew, extending the model's context (:func:`extended_transform_lengths`, the filters' lag scale kept)."""
+        """``PreTrainedConfig.from_dict``, with the rules of construction also for the overrides that transformers
+        sets afterwards (``from_pretrained(path, layer_norm_eps=...)``): a short form of ``layer_types`` is expanded
+        and every field is checked again.
+
+        A config saved before ``transform_lengths`` existed reads as one transform length, the longest input (the
+        length such models were trained at). Where ``max_position_embeddings`` is given anew for a text model, the
+        context is extended (or cut) as :meth:`OrchidModel.resize_position_embeddings` does it
+        (:func:`changed_context`, the filters' lag scale kept); the config then remembers the checkpoint's own
+        context, so that ``from_pretrained`` with it (an Auto class, remote code) loads the weights at their size and
+        resizes the model."""
         config_dict = dict(config_dict)
         saved = config_dict.get("max_position_embeddings", cls.max_position_embeddings)
         if config_dict.get("image_size") is not None:
@@ -280,14 +296,28 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
         if "transform_lengths" not in config_dict:
             config_dict["transform_lengths"] = [saved]
         wanted = kwargs.get("max_position_embeddings")
+        checkpoint = None
         if wanted is not None and wanted != saved and config_dict.get("image_size") is None:
+            checkpoint = {name: config_dict.get(name) for name in CONTEXT_FIELDS}
+            checkpoint["max_position_embeddings"] = saved
+            lengths = config_dict["transform_lengths"]
+            lengths = default_transform_lengths(saved) if lengths is None else tuple(lengths)
             config_dict["max_position_embeddings"] = wanted
             config_dict["filter_lag_scale"] = config_dict.get("filter_lag_scale") or saved
-            if config_dict["transform_lengths"] is not None:
-                config_dict["transform_lengths"] = list(
-                    extended_transform_lengths(tuple(config_dict["transform_lengths"]), wanted)
-                )
-        return super().from_dict(config_dict, **kwargs)
+            config_dict["transform_lengths"] = list(changed_context(saved, lengths, wanted))
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        if isinstance(config.layer_types, str):
+            config.layer_types = layer_pattern(config.layer_types, config.num_hidden_layers)
+        config._check_values()
+        if checkpoint is not None:
+            config._checkpoint_context = checkpoint
+        return loaded
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        output.pop("_checkpoint_context", None)  # what from_pretrained loads first: not a setting of the model
+        return output
 
     @property
     def is_vision(self) -> bool:
@@ -318,6 +348,12 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
+        chunk = self.chunk_size_feed_forward
+        if not is_integer(chunk) or chunk < 0:
+            raise ValueError(
+                f"OrchidConfig.chunk_size_feed_forward must be a non-negative integer (0: all tokens at once), "
+                f"got {chunk!r}"
+            )
         if not is_integer(self.type_vocab_size) or self.type_vocab_size < 0:
             raise ValueError(
                 f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"

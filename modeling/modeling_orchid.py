@@ -8,6 +8,7 @@ a :class:`SequenceLayout` computed once per call and read no tensor value on the
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -42,12 +43,13 @@ from .orchid_layers import (
     OrchidOperator2d,
     ShortConvolution,
     Sin,
+    changed_context,
     check_attention_mask,
+    check_tensor,
     check_values,
-    is_integer,
     value_range,
 )
-from .orchid_ops import SequenceLayout, is_traced, masked
+from .orchid_ops import SequenceLayout, is_traced, masked, refuse_jit_trace
 
 logger = logging.get_logger(__name__)
 
@@ -329,8 +331,18 @@ class OrchidPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """``PreTrainedModel.from_pretrained``; ``max_position_embeddings=N`` other than the checkpoint's extends (or
-        cuts) the loaded model's context to N tokens (:meth:`OrchidModel.resize_position_embeddings`)."""
+        cuts) the loaded model's context to N tokens (:meth:`OrchidModel.resize_position_embeddings`). So does a
+        ``config`` that ``OrchidConfig.from_pretrained(path, max_position_embeddings=N)`` extended, as the Auto classes
+        pass it: the weights are loaded at the checkpoint's own context, then the model is resized."""
         positions = kwargs.pop("max_position_embeddings", None)
+        config = kwargs.get("config")
+        checkpoint = getattr(config, "_checkpoint_context", None)
+        if checkpoint is not None:
+            positions = config.max_position_embeddings if positions is None else positions
+            kwargs["config"] = copy.deepcopy(config)
+            del kwargs["config"]._checkpoint_context
+            for name, value in checkpoint.items():
+                setattr(kwargs["config"], name, value)
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         if positions is not None and positions != model.config.max_position_embeddings:
@@ -483,29 +495,30 @@ class OrchidModel(OrchidPreTrainedModel):
         """Take inputs up to ``new_num_position_embeddings`` tokens: the context extension of a text model.
 
         The learned position embeddings are copied over the new positions, the old rows repeated as long-document
-        encoders extended BERT's (or cut, for fewer); every operator keeps the transform lengths it had and gains
-        the powers of two up to the new length (``transform_lengths``), and the implicit filters keep their lag scale
-        (``filter_lag_scale``), so that their kernel at every lag stays as it was. An input no longer than the old
-        length is therefore mixed exactly as before; longer ones see filters and positions that the model learns
-        to use by training at the new length."""
+        encoders extended BERT's (or cut, to one of the transform lengths: :func:`changed_context`); every operator
+        keeps the transform lengths it had and gains the powers of two up to the new length (``transform_lengths``),
+        and the implicit filters keep their lag scale (``filter_lag_scale``), so that their kernel at every lag stays
+        as it was. An input no longer than the old length is therefore mixed exactly as before; longer ones see
+        filters and positions that the model learns to use by training at the new length."""
         if self.is_vision:
             raise ValueError("an image model's positions are fixed sin-cos embeddings of its patch grid (image_size, "
                              "patch_size): it has no position embeddings to resize")
-        if not is_integer(new_num_position_embeddings) or new_num_position_embeddings < 1:
+        if any(isinstance(module, FoldedFilter) for module in self.modules()):
             raise ValueError(
-                f"new_num_position_embeddings must be a positive integer, got {new_num_position_embeddings!r}"
+                "this copy was made by optimize_for_inference: its implicit filters are folded for the transform "
+                "lengths it had; resize the model it was made from, then fold it again"
             )
+        config = self.config
+        # Checked before anything changes: a refused cut leaves the model as it was.
+        lengths = changed_context(config.max_position_embeddings, self.transform_lengths, new_num_position_embeddings)
         old = self.embeddings.position_embeddings
         rows = torch.arange(new_num_position_embeddings, device=old.weight.device) % old.num_embeddings
         new = nn.Embedding(new_num_position_embeddings, old.embedding_dim, device=old.weight.device,
                            dtype=old.weight.dtype)
         new.weight.copy_(old.weight[rows])
         self.embeddings.position_embeddings = new
-        lengths = None
         for layer in self.encoder.layer:
             layer.mixer.resize(new_num_position_embeddings)
-            lengths = layer.mixer.transform_lengths
-        config = self.config
         config.filter_lag_scale = self.encoder.layer[0].mixer.static_filter.lag_scale
         config.transform_lengths = list(lengths)
         config.max_position_embeddings = new_num_position_embeddings
@@ -544,6 +557,9 @@ class OrchidModel(OrchidPreTrainedModel):
             "position_ids": position_ids,
             "inputs_embeds": inputs_embeds,
         }
+        for name, value in {**text_inputs, "pixel_values": pixel_values}.items():
+            if value is not None:
+                check_tensor(name, value)
         if self.is_vision:
             given = [name for name, value in text_inputs.items() if value is not None]
             if given:
@@ -554,6 +570,7 @@ class OrchidModel(OrchidPreTrainedModel):
             return self.encoder(hidden_states, layout, output_hidden_states)
         if pixel_values is not None:
             raise ValueError("this is a text model (config.image_size is not set): pixel_values do not apply to it")
+        refuse_jit_trace()
         self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         real = None if attention_mask is None else attention_mask.bool()
         if real is not None and position_ids is None:
@@ -620,7 +637,8 @@ class OrchidModel(OrchidPreTrainedModel):
 
 
 def check_label_shape(labels: torch.Tensor, shape: tuple[int, ...], axes: str, name: str = "labels") -> None:
-    """A ValueError unless ``labels`` has ``shape``, whose axes ``axes`` names (e.g. ``"batch, length"``)."""
+    """A ValueError unless ``labels`` is a tensor of ``shape``, whose axes ``axes`` names (e.g. ``"batch, length"``)."""
+    check_tensor(name, labels)
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(labels.shape)}, expected ({axes}) = {tuple(shape)}")
 
@@ -682,6 +700,7 @@ def classification_loss(config: OrchidConfig, logits: torch.Tensor, labels: torc
     (:func:`resolve_problem_type`): MSE for regression, cross-entropy for single-label classes (-100: no loss),
     binary cross-entropy for multi-label targets in [0, 1]. Labels of another shape or range are a ValueError."""
     batch, num_labels = logits.shape
+    check_tensor("labels", labels)
     problem_type = resolve_problem_type(config, num_labels, labels)
     one_per_example = problem_type == "single_label_classification" or (
         problem_type == "regression" and num_labels == 1
@@ -942,6 +961,7 @@ def span_loss(
     batch, length = start_logits.shape
     positions = []
     for name, tensor in (("start_positions", start_positions), ("end_positions", end_positions)):
+        check_tensor(name, tensor)
         if tensor.dim() > 1:  # (batch, 1), as data-parallel gathers give them
             tensor = tensor.squeeze(-1)
         if tuple(tensor.shape) != (batch,):
@@ -1001,6 +1021,7 @@ def flatten_choices(name: str, tensor: torch.Tensor | None, dims: int) -> torch.
     """``(batch, num_choices, ...)`` -> ``(batch * num_choices, ...)``; a ValueError for any other rank."""
     if tensor is None:
         return None
+    check_tensor(name, tensor)
     if tensor.dim() != dims:
         shape = "(batch, num_choices, length" + (", hidden_size)" if dims == 4 else ")")
         raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")

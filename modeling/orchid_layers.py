@@ -28,6 +28,7 @@ from .orchid_ops import (
     SequenceLayout,
     channel_blocks,
     dct,
+    fills_transform,
     forward_transform,
     forward_transform_2d,
     gated_convolution,
@@ -39,6 +40,7 @@ from .orchid_ops import (
     long_convolution_2d,
     masked,
     of_channels,
+    refuse_jit_trace,
     short_convolution,
     short_convolution_2d,
     zero_padded,
@@ -69,6 +71,16 @@ def check_values(valid: torch.Tensor, message: str, eager_message: Callable[[], 
 def value_range(values: torch.Tensor) -> str:
     """"values from LOW to HIGH" of a non-empty tensor, for error messages (eager only: it reads the values)."""
     return f"values from {values.min().item()} to {values.max().item()}"
+
+
+def check_tensor(name: str, value) -> None:
+    """A ValueError unless ``value`` is a torch.Tensor (a list or a NumPy array would fail later with an
+    AttributeError far from the cause)."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(
+            f"{name} must be a torch.Tensor, got {type(value).__module__}.{type(value).__qualname__} "
+            "(torch.as_tensor converts it; a tokenizer gives tensors with return_tensors='pt')"
+        )
 
 
 def check_attention_mask(attention_mask: torch.Tensor, shape: tuple[int, int], name: str = "attention_mask"):
@@ -122,7 +134,8 @@ class ShortConvolution(nn.Module):
 
     def forward(self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS):
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
-        transform is zero-padded to it, so its circle closes over zeros. ``channels`` (a slice or an index) says which
+        transform is zero-padded to it, so its circle closes over zeros; a (B,) bool tensor says it row by row
+        (:func:`fills_transform`). ``channels`` (a slice or an index) says which
         of the module's channels x holds (the operator mixes long inputs a block of channels at a time)."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
         weight, bias = of_channels(self.weight, channels, 0).to(x.dtype), of_channels(self.bias, channels).to(x.dtype)
@@ -501,6 +514,19 @@ class FoldedFilter(nn.Module):
             for n in self.lengths:
                 self.register_buffer(f"multiplier_{n}", implicit_filter.spectrum(dtype, n), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # A cast (.to(dtype), .half(), .double()) would turn a complex multiplier (FFT) into its real part, and round
+        # a folded one to half precision where the plain model recomputes it in float32 at least: the multipliers
+        # follow the cast's device, at float32 (complex64) precision at least, as the plain model computes them.
+        multipliers = {name: buffer for name, buffer in self._buffers.items() if name.startswith("multiplier_")}
+        super()._apply(fn, recurse)
+        for name, before in multipliers.items():
+            target = fn(torch.empty((), dtype=torch.float32, device=before.device))
+            real = torch.promote_types(target.dtype, torch.float32) if target.is_floating_point() else torch.float32
+            dtype = real.to_complex() if before.is_complex() else real
+            self._buffers[name] = before.to(device=target.device, dtype=dtype)
+        return self
+
     def lag_response(self, n: int | None = None) -> None:
         """Nothing to compute once per call: the multiplier is folded."""
         return None
@@ -573,7 +599,7 @@ class ConditioningNetwork(nn.Module):
     def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, L, C), mask (B, L, 1) or None; the spectrum of the kernel for transform length n >= L: (B, n, C)
         for the DCT, (B, n // 2 + 1, C) complex for the FFT."""
-        wrap = u.shape[1] == n  # a shorter sequence is zero-padded to n: its circle closes over zeros
+        wrap = fills_transform(mask, n, u.shape[1])
         key = forward_transform(self.time_conv(u, mask, wrap), self.transform, n)
         query = None
         if self.conditioning == "xcorr":
@@ -785,6 +811,26 @@ def extended_transform_lengths(lengths: tuple[int, ...], max_len: int) -> tuple[
     return (*kept, max_len)
 
 
+def changed_context(max_len: int, lengths: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
+    """The transform lengths of an operator of ``max_len`` and ``lengths`` whose context changes to ``max_positions``
+    (the one rule of context extension; the implicit filters keep their lag scale beside it): longer, every length
+    it had and the powers of two up to the new length (:func:`extended_transform_lengths`); shorter, the lengths up to
+    ``max_positions``, which must be one of them, since otherwise the inputs between the next shorter length and
+    ``max_positions`` would be mixed at a shorter transform than before and change their outputs."""
+    if not is_integer(max_positions) or max_positions < 1:
+        raise ValueError(f"max_position_embeddings must be a positive integer, got {max_positions!r}")
+    if max_positions < max_len and max_positions not in lengths:
+        rung = next(n for n in lengths if n > max_positions)
+        shorter = [n for n in lengths if n < max_positions]
+        first = shorter[-1] + 1 if shorter else 1
+        raise ValueError(
+            f"cutting the context from {max_len} to {max_positions} positions would mix inputs of {first} to "
+            f"{max_positions} tokens at a transform length of {max_positions} instead of {rung}, which changes their "
+            f"outputs; cut to one of the transform lengths {[n for n in lengths if n < max_len]}"
+        )
+    return extended_transform_lengths(lengths, max_positions)
+
+
 def is_integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -832,16 +878,13 @@ class OrchidOperator(nn.Module):
         self.residual_filter = ImplicitFilter(d_model, max_len, **filter_settings) if s.residual_long_conv else None
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def resize(self, max_len: int, transform_lengths: tuple[int, ...] | None = None) -> None:
-        """Take inputs up to ``max_len`` (longer or shorter) at ``transform_lengths`` (default: the present ones
-        extended, :func:`extended_transform_lengths`), keeping the filters' lag scale: a sequence mixed at a transform
-        length the operator had before gives the output it gave."""
-        lengths = extended_transform_lengths(self.transform_lengths, max_len) if transform_lengths is None else (
-            tuple(transform_lengths)
-        )
+    def resize(self, max_len: int) -> None:
+        """Take inputs up to ``max_len`` (longer or shorter, :func:`changed_context`), keeping the filters' lag scale:
+        a sequence mixed at a transform length the operator had before gives the output it gave."""
+        lengths = changed_context(self.max_len, self.transform_lengths, max_len)
         self.settings.filter_lag_scale = self.static_filter.lag_scale
         self.settings.transform_lengths = list(lengths)
-        self.transform_lengths = self.settings.resolved_transform_lengths(max_len)
+        self.transform_lengths = lengths
         self.max_len = max_len
         for long_filter in (self.static_filter, self.residual_filter):
             if long_filter is not None:
@@ -875,6 +918,7 @@ class OrchidOperator(nn.Module):
         it, the operator checks its inputs and computes the layout itself.
         """
         if layout is None:
+            refuse_jit_trace()
             self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
             layout = self.layout(x, attention_mask, conditioning_input, conditioning_mask)
         y = self._mix(layout.pack(x), layout, conditioning_input, conditioning_mask)
@@ -965,7 +1009,7 @@ class OrchidOperator(nn.Module):
         """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``conditioned``
         (h_theta's spectrum) and ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all
         channels."""
-        wrap = x.shape[1] == n  # a sequence shorter than the transform is zero-padded to it: no circle to close
+        wrap = fills_transform(mask, n, x.shape[1])
         weights = ALL_CHANNELS
         if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
             index = torch.arange(channels.start, channels.stop, device=x.device)
@@ -1007,6 +1051,9 @@ class OrchidOperator(nn.Module):
                 raise ValueError(f"conditioning_input has batch size {conditioning_batch}, x has {batch}")
 
     def _check_input(self, name: str, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[int, int]:
+        check_tensor(name, x)
+        if mask is not None:
+            check_tensor(f"attention mask for {name}", mask)
         if x.dim() != 3:
             raise ValueError(f"{name} must have shape (batch, length, {self.d_model}), got {tuple(x.shape)}")
         batch, length, features = x.shape

@@ -197,6 +197,22 @@ def is_exporting() -> bool:
     return exporting is not None and exporting()
 
 
+# torch.jit.trace (and the ONNX exporter's legacy mode, dynamo=False, which runs it) records what Python reads of a
+# tensor as constants: the rows' lengths and the padding layout of the one batch it traces, which would then be
+# applied to every other batch. The dynamo-based tracers keep them as tensors or symbols.
+JIT_TRACE_REFUSED = (
+    "torch.jit.trace (also torch.onnx.export(..., dynamo=False)) would record the padding layout and the rows' "
+    "lengths of the traced batch as constants and give wrong outputs for other masks and lengths; use "
+    "torch.export.export, torch.onnx.export(..., dynamo=True) (orchid_hf.onnx.export_onnx) or torch.compile"
+)
+
+
+def refuse_jit_trace() -> None:
+    """A ValueError (:data:`JIT_TRACE_REFUSED`) when called under ``torch.jit.trace``."""
+    if torch.jit.is_tracing():
+        raise ValueError(JIT_TRACE_REFUSED)
+
+
 def is_traced() -> bool:
     """Whether the call is being compiled, exported or traced into a graph, where shapes may be symbolic and a branch
     on one would tie the graph to one side of it."""
@@ -561,30 +577,44 @@ def depthwise_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return out.squeeze(2).transpose(1, 2)
 
 
-def short_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:
+def short_convolution(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool | torch.Tensor
+) -> torch.Tensor:
     """The centred depthwise convolution of :class:`ShortConvolution`: around the circle where ``wrap`` (and the
-    sequence is at least as long as the kernel's reach), else over zeros."""
+    sequence is at least as long as the kernel's reach), else over zeros. ``wrap`` is one bool for all rows, or a
+    (B,) bool tensor, a value per row (:func:`fills_transform`)."""
     pad = weight.shape[-1] // 2
-    if isinstance(wrap, torch.SymBool) and pad > 0:
-        return depthwise_convolution(traced_circular_padding(x, pad, wrap), weight, bias)
-    if wrap and 0 < pad <= x.shape[1]:
+    if pad == 0 or wrap is False:
+        return depthwise_convolution(x, weight, bias, pad)
+    if isinstance(wrap, torch.SymBool):  # traced with a dynamic length: a tensor, so that both sides are kept
+        wrap = torch.full((1,), torch.sym_ite(wrap, 1, 0), dtype=torch.bool, device=x.device)
+    if wrap is True:
+        if pad > x.shape[1]:
+            return depthwise_convolution(x, weight, bias, pad)
         return depthwise_convolution(torch.cat([x[:, x.shape[1] - pad :], x, x[:, :pad]], dim=1), weight, bias)
-    return depthwise_convolution(x, weight, bias, pad)
+    return depthwise_convolution(circular_padding(x, pad, wrap), weight, bias)
 
 
-def traced_circular_padding(x: torch.Tensor, pad: int, wrap: torch.SymBool) -> torch.Tensor:
-    """x (B, L, C) with ``pad`` samples added at either end of L: those of the other end where ``wrap`` and
-    ``pad <= L`` (the circular branch of :func:`short_convolution`), zeros otherwise.
-
-    Traced with a dynamic length (``torch.export``, ONNX), ``wrap`` (length == transform length) is symbolic, and a
-    branch on it would tie the graph to one side: here both ends are computed for any length and one is selected."""
+def circular_padding(x: torch.Tensor, pad: int, wrap: torch.Tensor) -> torch.Tensor:
+    """x (B, L, C) with ``pad`` samples added at either end of L: for the rows where ``wrap`` (B,) holds and
+    ``pad <= L``, those of the other end (the circular branch of :func:`short_convolution`); zeros otherwise. Both
+    ends are computed for every row and selected by tensor ops, so that a traced graph with a dynamic length keeps
+    both sides of ``pad <= L``."""
     length = x.shape[1]
-    wraps = torch.sym_ite(wrap, 1, 0) * torch.sym_ite(pad <= length, 1, 0)
-    select = torch.full((), wraps, dtype=torch.bool, device=x.device)
+    select = wrap.view(-1, 1, 1) & (torch.full((), length, device=x.device) >= pad)
     tail = F.pad(x, [0, 0, pad, 0])[:, length:]  # the last pad samples (zeros first where L < pad)
     head = F.pad(x, [0, 0, 0, pad])[:, :pad]
     zero = x.new_zeros(())
     return torch.cat([torch.where(select, tail, zero), x, torch.where(select, head, zero)], dim=1)
+
+
+def fills_transform(mask: torch.Tensor | None, n: int, length: int) -> bool | torch.Tensor:
+    """Whether each row fills its transform length n, and so closes a circle of its own: with ``mask`` (B, L, 1)
+    marking real positions, a (B,) bool tensor; without, every row is ``length`` long, one bool. A row shorter than n
+    is zero-padded to it, and its circle closes over zeros: a short convolution must not wrap it onto its own end."""
+    if mask is None:
+        return length == n
+    return mask.view(mask.shape[0], -1).sum(dim=1) == n
 
 
 def short_convolution_2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, wrap: bool) -> torch.Tensor:

@@ -465,19 +465,25 @@ def compare_with_onnxruntime(
     """The largest absolute difference of each output between ONNX Runtime running the file ``path`` and PyTorch
     running ``model`` (eval mode, no grad), over random batches of ``shapes`` (batch, length) padded on the right in
     the first row and on the left in the last (:func:`example_inputs`). By default two shapes unlike the export
-    example: (3, max_sequence_length) and (1, a third of it)."""
+    example, (3, max_sequence_length) and (1, a third of it), and at every transform length n of a text model or
+    operator the rows that sit at the edge of its rung (:func:`rung_edge_inputs`): n real tokens beside n - 1, where
+    a sequence starts to fill its transform and close a circle of its own."""
     model = load_for_export(model)
     length = max_length(model)
-    shapes = shapes if shapes is not None else [(3, length), (1, max(1, length // 3))]
-    session = onnxruntime_session(path)
     generator = torch.Generator().manual_seed(seed)
+    if shapes is None:
+        shapes = [(3, length), (1, max(1, length // 3))]
+        batches = [example_inputs(model, batch, size, generator) for batch, size in shapes]
+        batches += rung_edge_inputs(model, generator)
+    else:
+        batches = [example_inputs(model, batch, size, generator) for batch, size in shapes]
+    session = onnxruntime_session(path)
     device = next(model.parameters()).device
     differences: dict[str, float] = {}
     training = model.training
     model.eval()
     try:
-        for batch, size in shapes:
-            inputs = example_inputs(model, batch, size, generator)
+        for inputs in batches:
             with torch.no_grad():
                 expected = ExportedForward(model)(*(tensor.to(device) for tensor in inputs.values()))
             outputs = run_onnxruntime(session, inputs)
@@ -487,6 +493,31 @@ def compare_with_onnxruntime(
     finally:
         model.train(training)
     return differences
+
+
+def rung_edge_inputs(model: nn.Module, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
+    """For every transform length n of a text model or an operator (none for image models, whose grid has one): a
+    batch of length n whose rows hold n, n - 1 (padded on the right) and n - 1 (padded on the left) real tokens, and
+    one row of n - 1 tokens alone. A row one token short of its rung is zero-padded to it and must not wrap around as
+    a full row does (the circular short convolutions of the FFT path)."""
+    if "pixel_values" in input_names(model):
+        return []
+    lengths = model.transform_lengths if isinstance(model, OrchidOperator) else model.config.resolved_transform_lengths(
+        max_length(model)
+    )
+    batches = []
+    for n in lengths:
+        inputs = example_inputs(model, 3, n, generator)
+        mask = torch.ones_like(inputs["attention_mask"]).view(-1, n)  # a row per sequence (per choice)
+        if n > 1:
+            mask[1::3, -1] = 0
+            mask[2::3, 0] = 0
+            alone = example_inputs(model, 1, n - 1, generator)
+            alone["attention_mask"] = torch.ones_like(alone["attention_mask"])
+            batches.append(alone)
+        inputs["attention_mask"] = mask.view_as(inputs["attention_mask"])
+        batches.append(inputs)
+    return batches
 
 
 __all__ = ["compare_with_onnxruntime", "export_onnx", "onnxruntime_session", "run_onnxruntime"]

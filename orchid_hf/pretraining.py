@@ -312,6 +312,8 @@ def build_mlm_model(model_args: MlmModelArguments, recipe: Recipe, data_args: Ml
         # A pretrained Orchid model is extended to the longer blocks (docs/model.md, "Context extension").
         logger.info(f"extending the model's context from {max_positions} to {data_args.max_seq_length} tokens")
         model.resize_position_embeddings(data_args.max_seq_length)
+        # The tokenizer saved beside the model truncates at the model's new length, not the checkpoint's.
+        tokenizer.model_max_length = data_args.max_seq_length
     return model
 
 

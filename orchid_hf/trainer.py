@@ -61,6 +61,19 @@ class RecipeTrainer(Trainer):
         self.training_clock.add_to(logs)
         super().log(logs, start_time)
 
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        # transformers' polynomial schedule divides by the steps left after the warm-up, so a warm-up fraction that
+        # rounds up to every step (6% of a 1-step run) would divide by zero: the warm-up leaves one step.
+        kind = str(getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type))
+        warmup = self.args.get_warmup_steps(num_training_steps)
+        if self.lr_scheduler is None and kind == "polynomial" and 0 < num_training_steps <= warmup:
+            logger.warning(
+                f"warm-up of {warmup} steps in a run of {num_training_steps}: shortened to {num_training_steps - 1}, "
+                "so that the polynomial decay has a step"
+            )
+            self.args.warmup_steps = num_training_steps - 1
+        return super().create_scheduler(num_training_steps, optimizer)
+
     def create_optimizer(self, model=None):
         plan = self.optimizer_plan
         opt_model = self.model if model is None else model

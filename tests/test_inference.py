@@ -132,3 +132,56 @@ def test_the_copy_of_a_peft_model_keeps_its_adapters_and_the_copy_cannot_be_save
     again = optimize_for_inference(copy.deepcopy(optimize_for_inference(model)))
     with torch.no_grad():
         torch.testing.assert_close(again(**inputs).logits, model(**inputs).logits, atol=1e-6, rtol=1e-6)
+
+
+CASTS = {
+    "float64": lambda model: model.to(torch.float64),
+    "bfloat16": lambda model: model.to(torch.bfloat16),
+    "float16 then float32": lambda model: model.to(torch.float16).to(torch.float32),
+    "bfloat16 then float32": lambda model: model.to(torch.bfloat16).to(torch.float32),
+}
+
+
+def folded_and_plain(transform: str, image: bool):
+    torch.manual_seed(0)
+    if image:
+        config = OrchidConfig.from_preset("orchid-vit-2d-s", image_size=8, patch_size=2, hidden_size=16,
+                                          intermediate_size=32, num_hidden_layers=2, transform=transform)
+        return OrchidForImageClassification(config).eval(), {"pixel_values": torch.randn(3, 3, 8, 8)}
+    return OrchidForMaskedLM(tiny_text_config(transform=transform)).eval(), padded_batch()
+
+
+@pytest.mark.parametrize("cast", sorted(CASTS))
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+@pytest.mark.parametrize("image", [False, True], ids=["text", "image-2d"])
+def test_a_folded_copy_cast_to_another_dtype_behaves_as_the_plain_model_cast_the_same_way(cast, transform, image):
+    """A cast keeps the folded multipliers complex under the FFT (a real cast would keep their real part) and at the
+    float32 precision the plain model computes them in, or float64: the folded copy's outputs then stray from the
+    float32 model's no further than the plain model's cast the same way."""
+    model, inputs = folded_and_plain(transform, image)
+    with torch.no_grad():
+        reference = model(**inputs).logits
+        folded = CASTS[cast](optimize_for_inference(model))
+        plain = CASTS[cast](copy.deepcopy(model))
+        folded_error = (folded(**inputs).logits.double() - reference.double()).abs().max().item()
+        plain_error = (plain(**inputs).logits.double() - reference.double()).abs().max().item()
+    multipliers = [buffer for name, buffer in folded.named_buffers() if "multiplier" in name]
+    assert multipliers and all(m.is_complex() == (transform == "fft") for m in multipliers)
+    assert all(m.real.dtype == (torch.float64 if cast == "float64" else torch.float32) for m in multipliers)
+    scale = reference.abs().max().item()
+    if cast == "float64":
+        assert folded_error < 1e-6 * scale, (folded_error, plain_error)
+    else:
+        assert folded_error <= 1.5 * plain_error, (folded_error, plain_error)
+
+
+def test_a_folded_copy_refuses_a_new_context_and_stays_as_it_was():
+    model = OrchidForMaskedLM(tiny_text_config(transform="fft")).eval()
+    folded = optimize_for_inference(model)
+    inputs = padded_batch()
+    expected = folded(**inputs).logits
+    with pytest.raises(ValueError, match="made by optimize_for_inference: .* resize the model it was made from"):
+        folded.resize_position_embeddings(48)
+    assert folded.config.max_position_embeddings == 24
+    assert folded.get_position_embeddings().num_embeddings == 24
+    torch.testing.assert_close(folded(**inputs).logits, expected, atol=0, rtol=0)

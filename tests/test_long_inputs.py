@@ -3,18 +3,24 @@
 (``from_pretrained(..., max_position_embeddings=N)``, ``resize_position_embeddings``)."""
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import peft
 import pytest
 import torch
 from orchid_hf.modeling.orchid_layers import ConditioningNetwork, default_transform_lengths
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForMaskedLM
 
 from orchid_hf import (
     OrchidConfig,
     OrchidForImageClassification,
     OrchidForMaskedLM,
+    OrchidForMultipleChoice,
+    OrchidForQuestionAnswering,
     OrchidForSequenceClassification,
+    OrchidForTokenClassification,
     OrchidModel,
     OrchidOperator,
     optimize_for_inference,
@@ -256,14 +262,185 @@ def test_an_extended_model_trains_at_the_new_length(tmp_path):
 
 
 def test_resizing_to_fewer_positions_and_what_cannot_be_resized():
-    model = OrchidModel(long_config(256))
-    model.resize_position_embeddings(100)
-    assert model.config.max_position_embeddings == 100 and model.config.transform_lengths == [100]
-    assert model(torch.randint(5, 97, (1, 100))).last_hidden_state.shape == (1, 100, 32)
-    with pytest.raises(ValueError, match="the input has length 101 > max_position_embeddings=100"):
-        model(torch.randint(5, 97, (1, 101)))
-    with pytest.raises(ValueError, match="new_num_position_embeddings must be a positive integer, got 0"):
+    model = OrchidModel(long_config(256)).eval()
+    ids = torch.randint(5, 97, (1, 100))
+    with torch.no_grad():
+        before = model(ids).last_hidden_state
+    # A cut to a length between two transform lengths would mix 101..200-token inputs at 200 instead of 256.
+    with pytest.raises(ValueError, match=r"cutting the context from 256 to 200 positions would mix inputs of 129 to "
+                                         r"200 tokens at a transform length of 200 instead of 256.*\[128\]"):
+        model.resize_position_embeddings(200)
+    assert model.config.max_position_embeddings == 256  # refused before anything changed
+    model.resize_position_embeddings(128)
+    assert model.config.max_position_embeddings == 128 and model.config.transform_lengths == [128]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).last_hidden_state, before, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="the input has length 129 > max_position_embeddings=128"):
+        model(torch.randint(5, 97, (1, 129)))
+    with pytest.raises(ValueError, match="must be a positive integer, got 0"):
         model.resize_position_embeddings(0)
+    with pytest.raises(ValueError, match="would mix inputs of 1 to 100 tokens at a transform length of 100 instead "
+                                         "of 128"):
+        model.resize_position_embeddings(100)
     image_model = OrchidForImageClassification(tiny_image_config())
     with pytest.raises(ValueError, match="positions are fixed sin-cos embeddings of its patch grid"):
         image_model.resize_position_embeddings(512)
+
+
+AUTO_CLASSES = {
+    "AutoModel": OrchidModel,
+    "AutoModelForMaskedLM": OrchidForMaskedLM,
+    "AutoModelForSequenceClassification": OrchidForSequenceClassification,
+    "AutoModelForTokenClassification": OrchidForTokenClassification,
+    "AutoModelForQuestionAnswering": OrchidForQuestionAnswering,
+    "AutoModelForMultipleChoice": OrchidForMultipleChoice,
+}
+
+
+def outputs_of(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every output tensor of a head for ``ids`` (multiple choice: the ids as 1 choice of 1 example per row)."""
+    if isinstance(model, OrchidForMultipleChoice):
+        ids = ids.unsqueeze(1)
+    with torch.no_grad():
+        output = model(input_ids=ids)
+    return [value for value in output.to_tuple() if isinstance(value, torch.Tensor)]
+
+
+@pytest.mark.parametrize("auto_name", sorted(AUTO_CLASSES))
+def test_context_extension_through_every_auto_class_equals_the_class(auto_name, tmp_path):
+    """README's ``AutoModelForMaskedLM.from_pretrained(path, max_position_embeddings=N)``, with every Auto class: the
+    checkpoint's weights loaded and extended as the class extends them, short inputs unchanged."""
+    import transformers
+
+    torch.manual_seed(0)
+    cls = AUTO_CLASSES[auto_name]
+    cls(long_config(128)).save_pretrained(tmp_path)
+    auto = getattr(transformers, auto_name).from_pretrained(tmp_path, max_position_embeddings=1024).eval()
+    direct = cls.from_pretrained(tmp_path, max_position_embeddings=1024).eval()
+    assert type(auto) is cls
+    assert (auto.config.max_position_embeddings, auto.config.transform_lengths, auto.config.filter_lag_scale) == (
+        1024, [128, 256, 512, 1024], 128)
+    assert auto.config.to_dict() == direct.config.to_dict()
+    for name, value in direct.state_dict().items():
+        torch.testing.assert_close(auto.state_dict()[name], value, atol=0, rtol=0, msg=name)
+    ids = torch.randint(5, 97, (2, 100))
+    # Against the checkpoint loaded as it is: a loaded copy of a model is not always bit-equal to the model in memory
+    # (the multiple-choice head's one-column product, with the same weights at another address, rounds otherwise).
+    loaded = cls.from_pretrained(tmp_path).eval()
+    for got, expected in zip(outputs_of(auto, ids), outputs_of(loaded, ids), strict=True):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    # The extended config alone, given to from_pretrained as the Auto classes give it, loads the same model.
+    config = AutoConfig.from_pretrained(tmp_path, max_position_embeddings=1024)
+    assert "_checkpoint_context" not in config.to_dict()
+    assert cls.from_pretrained(tmp_path, config=config).config.to_dict() == direct.config.to_dict()
+    auto.save_pretrained(tmp_path / "extended")
+    assert "_checkpoint_context" not in json.loads((tmp_path / "extended" / "config.json").read_text())
+
+
+def test_the_config_alone_extends_a_checkpoint_of_any_length_as_the_class_does(tmp_path):
+    """A 100-position checkpoint: AutoConfig keeps its transform length of 100 (inputs up to 100 tokens mixed as
+    before) and adds the ladder, as the class does; cuts follow the class's rule."""
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(long_config(100)).eval()
+    model.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path, max_position_embeddings=512)
+    assert config.transform_lengths == [100, 128, 256, 512]
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path, config=config).eval()
+    assert loaded.config.transform_lengths == OrchidForMaskedLM.from_pretrained(
+        tmp_path, max_position_embeddings=512).config.transform_lengths
+    ids = torch.randint(5, 97, (2, 90))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="cutting the context from 100 to 64 positions"):
+        AutoConfig.from_pretrained(tmp_path, max_position_embeddings=64)
+
+
+def test_the_readme_context_extension(tmp_path):
+    """README, "Long inputs": ``AutoModelForMaskedLM.from_pretrained("my-orchid", max_position_embeddings=4096)``,
+    inputs up to 128 tokens unchanged."""
+    torch.manual_seed(0)
+    folder = tmp_path / "my-orchid"
+    OrchidForMaskedLM(long_config(128)).save_pretrained(folder)
+    long = AutoModelForMaskedLM.from_pretrained(folder, max_position_embeddings=4096).eval()
+    short = OrchidForMaskedLM.from_pretrained(folder).eval()
+    ids = torch.randint(5, 97, (1, 128))
+    with torch.no_grad():
+        torch.testing.assert_close(long(ids).logits, short(ids).logits, atol=0, rtol=0)
+        assert long(torch.randint(5, 97, (1, 4096))).logits.shape == (1, 4096, 97)
+
+
+REMOTE_EXTENSION = textwrap.dedent(
+    """
+    import sys
+    sys.modules["orchid_hf"] = None  # a user who never installed the package
+    import torch, transformers
+    folder, auto_name, expected_path = sys.argv[1:]
+    model = getattr(transformers, auto_name).from_pretrained(
+        folder, trust_remote_code=True, max_position_embeddings=1024).eval()
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    expected = torch.load(expected_path, weights_only=True)
+    with torch.no_grad():
+        got = model(input_ids=expected["ids"]).logits
+    torch.testing.assert_close(got, expected["logits"], atol=0, rtol=0)
+    print("remote-ok", model.config.max_position_embeddings, model.config.transform_lengths)
+    """
+)
+
+
+@pytest.mark.slow
+def test_context_extension_through_remote_code_without_the_package(tmp_path, hf_modules_cache):
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(long_config(128)).eval()
+    model.save_pretrained(tmp_path / "model")
+    ids = torch.randint(5, 97, (2, 100))
+    with torch.no_grad():
+        torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "expected.pt")
+    result = subprocess.run(
+        [sys.executable, "-c", REMOTE_EXTENSION, str(tmp_path / "model"), "AutoModelForMaskedLM",
+         str(tmp_path / "expected.pt")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "remote-ok 1024 [128, 256, 512, 1024]" in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows at the edge of a transform length
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["short_conv_size", "conditioning_time_kernel_size"])
+@pytest.mark.parametrize("size", [5, 7])
+@pytest.mark.parametrize("conditioning", ["abs", "xcorr"])
+def test_a_row_one_token_short_of_its_transform_length_never_wraps_onto_its_own_end(kernel, size, conditioning):
+    """Under the FFT the short convolutions wrap around a row that fills its transform length, and pad a shorter one
+    with zeros: a row of n - 1 tokens batched with a row of n (either padding side) gives its output alone, at every
+    transform length n."""
+    torch.manual_seed(0)
+    model = OrchidModel(long_config(512, transform="fft", conditioning=conditioning, num_hidden_layers=1,
+                                    **{kernel: size})).eval()  # fmt: skip
+    for n in model.transform_lengths:
+        ids = torch.randint(5, 97, (3, n))
+        mask = torch.ones(3, n, dtype=torch.long)
+        mask[1, -1] = 0
+        mask[2, 0] = 0
+        with torch.no_grad():
+            batched = model(ids, attention_mask=mask).last_hidden_state
+            full = model(ids[:1]).last_hidden_state[0]
+            right = model(ids[1:2, :-1]).last_hidden_state[0]
+            left = model(ids[2:3, 1:]).last_hidden_state[0]
+        torch.testing.assert_close(batched[0], full, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(batched[1, :-1], right, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(batched[2, 1:], left, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_rows_one_token_short_of_their_transform_length_match_eager():
+    torch.manual_seed(0)
+    model = OrchidModel(long_config(256, transform="fft", short_conv_size=5, num_hidden_layers=1)).eval()
+    compiled = torch.compile(model, backend="eager", fullgraph=True, dynamic=True)
+    for n in (127, 128, 255):
+        ids = torch.randint(5, 97, (2, n))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids).last_hidden_state, model(ids).last_hidden_state,
+                                       atol=1e-5, rtol=1e-5)

@@ -14,6 +14,7 @@ import torch
 
 from orchid_hf import (
     OrchidForImageClassification,
+    OrchidForMaskedLM,
     OrchidForSequenceClassification,
     OrchidModel,
     OrchidOperator,
@@ -333,3 +334,35 @@ def test_the_model_exports_as_it_is_with_torch_onnx_export(transform, tmp_path):
             expected = model(input_ids=other["input_ids"], attention_mask=other["attention_mask"]).last_hidden_state
         got = torch.from_numpy(session.run(None, feed)[0])
         torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_verify_tries_the_rows_at_the_edge_of_every_transform_length():
+    """verify=True (compare_with_onnxruntime's default batches) holds, at every transform length n, rows of n real
+    tokens beside rows of n - 1 padded on either side, and a row of n - 1 alone."""
+    from orchid_hf.onnx import rung_edge_inputs
+
+    model = OrchidModel(tiny_text_config(max_position_embeddings=300, type_vocab_size=0))
+    batches = rung_edge_inputs(model, torch.Generator().manual_seed(0))
+    real_lengths = {tuple(batch["attention_mask"].sum(1).tolist()) for batch in batches}
+    for n in (128, 256, 300):
+        assert (n, n - 1, n - 1) in real_lengths and (n - 1,) in real_lengths
+    for batch in batches:
+        mask = batch["attention_mask"]
+        if mask.shape[0] == 3:
+            assert mask[1, -1] == 0 and mask[2, 0] == 0  # padded on the right, and on the left
+    assert rung_edge_inputs(OrchidForImageClassification(tiny_image_config()), torch.Generator()) == []
+
+
+@pytest.mark.slow
+def test_verify_catches_a_row_one_token_short_of_its_transform_length_wrapping_around(tmp_path, monkeypatch):
+    """With the short convolution's wrap decided per group of rows (a row of n - 1 tokens wraps when batched with a
+    row of n, and at a traced length of n), verify=True fails; with the rule row by row, it passes."""
+    import orchid_hf.modeling.orchid_layers as layers
+
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(tiny_text_config(max_position_embeddings=64, transform="fft", short_conv_size=5,
+                                               type_vocab_size=0)).eval()  # fmt: skip
+    export_onnx(model, tmp_path / "model.onnx", verify=True)
+    monkeypatch.setattr(layers, "fills_transform", lambda mask, n, length: length == n)
+    with pytest.raises(ValueError, match="differs from PyTorch"):
+        export_onnx(model, tmp_path / "per-group.onnx", verify=True)

@@ -2,14 +2,19 @@
 eager and compiled; dtype round trips leave no trace; peft's task types and transformers' keyword arguments work."""
 
 import copy
+import os
+import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import peft
 import pytest
 import torch
 from datasets import Dataset
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import Trainer, TrainingArguments
+from transformers import AutoConfig, Trainer, TrainingArguments
 
 from orchid_hf import (
     OrchidConfig,
@@ -564,3 +569,113 @@ def test_an_operator_inside_the_model_neither_checks_nor_reorders_its_input():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(type(mixer), "_check_inputs", lambda *args: pytest.fail("checked inside the model"))
         model(**inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading overrides: the rules of construction
+# ---------------------------------------------------------------------------------------------
+
+# A value that the constructor refuses, for every field it checks, and the words of its message.
+BAD_FIELD_VALUES = {
+    "hidden_size": (0, "hidden_size must be a positive integer"),
+    "num_hidden_layers": (2.5, "num_hidden_layers must be a positive integer"),
+    "intermediate_size": ("64", "intermediate_size must be a positive integer"),
+    "max_position_embeddings": (-1, "max_position_embeddings must be a positive integer"),
+    "type_vocab_size": (-1, "type_vocab_size must be a non-negative integer"),
+    "chunk_size_feed_forward": (2.5, "chunk_size_feed_forward must be a non-negative integer"),
+    "mlp_type": ("gated", "mlp_type must be one of"),
+    "classifier_pooling": ("max", "classifier_pooling must be one of"),
+    "hidden_act": ("gelux", "hidden_act='gelux' is not an activation"),
+    "hidden_dropout_prob": (1.5, "hidden_dropout_prob must be in"),
+    "layer_norm_eps": (-1.0, "layer_norm_eps must be a finite number > 0"),
+    "initializer_range": (float("nan"), "initializer_range must be a finite number > 0"),
+    "mlp_num_blocks": (5, "must be divisible by mlp_num_blocks=5"),
+    "transform": ("dft", "transform must be one of"),
+    "conditioning": ("dot", "conditioning must be one of"),
+    "short_conv_size": (4, "short_conv_size must be a positive odd integer"),
+    "filter_width": (0, "filter_width must be a positive integer"),
+    "data_dependent": ("yes", "data_dependent must be True or False"),
+    "transform_lengths": ([8, 16], "transform_lengths must end at the longest input"),
+    "filter_lag_scale": (0, "filter_lag_scale must be a positive integer or None"),
+    "layer_types": (["orchid", "convolution"], "layer_types must be a list of"),
+    "pad_token_id": (500, "pad_token_id=500 is outside vocab_size=97"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_FIELD_VALUES))
+def test_a_loading_override_meets_the_rules_of_the_constructor(field, tmp_path):
+    """transformers sets from_pretrained's overrides after the config is built; they are checked as the constructor
+    checks its fields, with the same ValueError."""
+    value, message = BAD_FIELD_VALUES[field]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tiny_text_config(**{field: value})
+    OrchidForMaskedLM(tiny_text_config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        OrchidForMaskedLM.from_pretrained(tmp_path, **{field: value})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AutoConfig.from_pretrained(tmp_path, **{field: value})
+
+
+def test_loading_overrides_of_a_hybrid_image_model_keep_its_layer_types_and_layers_in_step(tmp_path):
+    config = tiny_image_config(image_mixer="2d", layer_types="orchid-first", num_hidden_layers=3)
+    OrchidForImageClassification(config).save_pretrained(tmp_path)
+    # Two layers for three layer types: which layer goes is the user's to say.
+    with pytest.raises(ValueError, match=r"layer_types has 3 entries, num_hidden_layers=2"):
+        OrchidForImageClassification.from_pretrained(tmp_path, num_hidden_layers=2)
+    # A short form of layer_types, as the constructor takes it: one entry per layer.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = OrchidForImageClassification.from_pretrained(tmp_path, layer_types="orchid")
+    assert model.config.layer_types == ["orchid"] * 3 and len(model.orchid.encoder.layer) == 3
+    types = {type(layer.mixer).__name__ for layer in model.orchid.encoder.layer}
+    assert types == {"OrchidOperator2d"}
+    both = OrchidForImageClassification.from_pretrained(tmp_path, num_hidden_layers=2, layer_types="alternate")
+    assert both.config.layer_types == ["orchid", "full_attention"] and len(both.orchid.encoder.layer) == 2
+
+
+@pytest.mark.parametrize("kind", ["numpy", "list"])
+def test_inputs_that_are_not_tensors_are_refused_by_name(kind):
+    model = build(OrchidForSequenceClassification)
+    inputs = text_batch()
+    convert = (lambda tensor: tensor.numpy()) if kind == "numpy" else (lambda tensor: tensor.tolist())
+    name = "numpy.ndarray" if kind == "numpy" else "builtins.list"
+    for field in ("attention_mask", "input_ids"):
+        with pytest.raises(ValueError, match=rf"{field} must be a torch.Tensor, got {re.escape(name)}"):
+            model(**{**inputs, field: convert(inputs[field])})
+    with pytest.raises(ValueError, match=rf"labels must be a torch.Tensor, got {re.escape(name)}"):
+        model(**inputs, labels=convert(torch.tensor([0, 1])))
+    operator = model.orchid.encoder.layer[0].mixer
+    with pytest.raises(ValueError, match=rf"attention mask for x must be a torch.Tensor, got {re.escape(name)}"):
+        operator(torch.randn(2, 6, 32), convert(inputs["attention_mask"]))
+
+
+def test_jit_trace_and_the_legacy_onnx_exporter_are_refused_with_the_tracers_that_work(tmp_path):
+    """torch.jit.trace would freeze the traced batch's padding layout (a left-padded batch then comes out wrong, a
+    longer one crashes); the legacy ONNX exporter runs it."""
+    model = build(OrchidModel)
+    inputs = text_batch()
+    with pytest.raises(ValueError, match=r"torch.jit.trace .* use torch.export.export, torch.onnx.export\(\.\.\., "
+                                         r"dynamo=True\)"):
+        torch.jit.trace(model, (inputs["input_ids"], inputs["attention_mask"]), strict=False)
+    with pytest.raises(ValueError, match="torch.jit.trace"):
+        torch.onnx.export(model, (inputs["input_ids"], inputs["attention_mask"]), tmp_path / "m.onnx", dynamo=False)
+    operator = model.encoder.layer[0].mixer
+    with pytest.raises(ValueError, match="torch.jit.trace"):
+        torch.jit.trace(operator, (torch.randn(2, 6, 32), inputs["attention_mask"]))
+
+
+@pytest.mark.slow
+def test_a_plain_pytest_without_transformers_tests_skips_their_file_with_the_command(tmp_path):
+    """transformers' common tests are fetched by `make transformers-tests`: a plain `pytest` on a fresh checkout skips
+    their file naming the command, and `make test` (ORCHID_REQUIRE_TRANSFORMERS_TESTS) fails without them."""
+    file = Path(__file__).parent / "test_transformers_common.py"
+    environment = {**os.environ, "ORCHID_TRANSFORMERS_TESTS": str(tmp_path / "absent")}
+    environment.pop("ORCHID_REQUIRE_TRANSFORMERS_TESTS", None)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(file)]
+    skipped = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    # pytest's exit status 5: no test was collected (the file was skipped whole).
+    assert skipped.returncode == 5, skipped.stdout + skipped.stderr
+    assert "1 skipped" in skipped.stdout and "`make transformers-tests` fetches them" in skipped.stdout
+    required = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              env={**environment, "ORCHID_REQUIRE_TRANSFORMERS_TESTS": "1"})
+    assert required.returncode != 0 and "`make transformers-tests` fetches them" in required.stdout

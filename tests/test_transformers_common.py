@@ -70,17 +70,23 @@ def import_transformers_tests():
     model); ``utils.test_configuration_utils.config_common_kwargs`` as :data:`CONFIG_COMMON_KWARGS`."""
     tests = TESTS_FOLDER / "tests"
     version_file = TESTS_FOLDER / "VERSION"
+    missing = None
     if not (tests / "__init__.py").is_file() or not version_file.is_file():
-        raise RuntimeError(
+        missing = (
             f"transformers' common model tests are not in {TESTS_FOLDER}: `make transformers-tests` fetches them "
             "(pip download of the source distribution)"
         )
-    fetched = version_file.read_text().strip()
-    if fetched != transformers.__version__:
-        raise RuntimeError(
+    elif (fetched := version_file.read_text().strip()) != transformers.__version__:
+        missing = (
             f"{TESTS_FOLDER} holds the tests of transformers {fetched}, but {transformers.__version__} is installed: "
             "`make transformers-tests` fetches the installed version's"
         )
+    if missing is not None:
+        # `make test` fetches them first and sets ORCHID_REQUIRE_TRANSFORMERS_TESTS, so that there a missing copy is
+        # a failure; a plain `pytest` on a fresh checkout skips this file with the command that fetches them.
+        if os.environ.get("ORCHID_REQUIRE_TRANSFORMERS_TESTS"):
+            raise RuntimeError(missing)
+        pytest.skip(missing, allow_module_level=True)
     if PACKAGE not in sys.modules:
         package = types.ModuleType(PACKAGE)
         package.__path__ = [str(tests)]
