@@ -20,6 +20,9 @@ from .orchid_layers import (
 )
 
 MLP_TYPES = ("mlp", "glu")
+# Learned absolute positions (BERT's "absolute"), or none: the long convolution's filters and the DCT's boundaries
+# already tell where a token stands.
+POSITION_EMBEDDING_TYPES = ("absolute", "none")
 CLASSIFIER_POOLINGS = ("first", "mean")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 IMAGE_MIXERS = ("1d", "2d")
@@ -42,9 +45,10 @@ TRANSFORMERS_KEYWORDS = (
 BUILD_FIELDS = (
     *(field.name for field in fields(OperatorSettings)),
     "hidden_size", "num_hidden_layers", "intermediate_size", "hidden_act", "hidden_dropout_prob",
-    "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pre_norm", "mlp_type", "mlp_num_blocks",
-    "classifier_pooling", "classifier_dropout", "image_size", "patch_size", "num_channels", "image_mixer",
-    "filter_window", "layer_types", "num_attention_heads", "attention_probs_dropout_prob", "qkv_bias",
+    "max_position_embeddings", "position_embedding_type", "type_vocab_size", "layer_norm_eps", "pre_norm",
+    "mlp_type", "mlp_num_blocks", "classifier_pooling", "classifier_dropout", "image_size", "patch_size",
+    "num_channels", "image_mixer", "filter_window", "layer_types", "num_attention_heads",
+    "attention_probs_dropout_prob", "qkv_bias",
 )  # fmt: skip
 
 # The fields that change when a text model's context is extended (OrchidModel.resize_position_embeddings).
@@ -168,7 +172,8 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     A config with ``image_size`` set describes a vision model (patch embeddings, sequence length
     ``(image_size / patch_size) ** 2``); otherwise a text model (word, position and token-type embeddings,
     sequence length up to ``max_position_embeddings``). ``OrchidConfig.from_preset(name)`` gives the paper's
-    sizes; the names are in ``OrchidConfig.preset_names()``.
+    sizes; the names are in ``OrchidConfig.preset_names()``. ``position_embedding_type``: ``"absolute"`` (learned
+    positions, as BERT) or ``"none"`` (no position embeddings; the long convolution's filters place the tokens).
 
     Sequence mixer: the fields of ``OperatorSettings`` (``transform``, ``conditioning``, ``short_conv_size``, the
     conditioning network's and the implicit filters' sizes, ``residual_long_conv``; documented there), passed to
@@ -205,6 +210,7 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
     hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
     max_position_embeddings: int = 128
+    position_embedding_type: str = "absolute"
     type_vocab_size: int = 2
     initializer_range: float = 0.02
     word_embedding_init_std: float | None = None
@@ -358,7 +364,11 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
             raise ValueError(
                 f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"
             )
-        choices = {"mlp_type": MLP_TYPES, "classifier_pooling": CLASSIFIER_POOLINGS}
+        choices = {
+            "mlp_type": MLP_TYPES,
+            "classifier_pooling": CLASSIFIER_POOLINGS,
+            "position_embedding_type": POSITION_EMBEDDING_TYPES,
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"OrchidConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")

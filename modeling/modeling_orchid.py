@@ -64,7 +64,12 @@ class OrchidEmbeddings(nn.Module):
     def __init__(self, config: OrchidConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.max_positions = config.max_position_embeddings
+        self.position_embeddings = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.position_embedding_type == "absolute"
+            else None
+        )
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
         )
@@ -86,9 +91,11 @@ class OrchidEmbeddings(nn.Module):
             inputs_embeds = self.word_embeddings(input_ids)
         inputs_embeds = masked(inputs_embeds, mask)
         batch, length = inputs_embeds.shape[:2]
-        if position_ids is None:
-            position_ids = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
-        embeddings = inputs_embeds + self.position_embeddings(position_ids)
+        embeddings = inputs_embeds
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
+            embeddings = embeddings + self.position_embeddings(position_ids)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=inputs_embeds.device)
@@ -512,11 +519,13 @@ class OrchidModel(OrchidPreTrainedModel):
         # Checked before anything changes: a refused cut leaves the model as it was.
         lengths = changed_context(config.max_position_embeddings, self.transform_lengths, new_num_position_embeddings)
         old = self.embeddings.position_embeddings
-        rows = torch.arange(new_num_position_embeddings, device=old.weight.device) % old.num_embeddings
-        new = nn.Embedding(new_num_position_embeddings, old.embedding_dim, device=old.weight.device,
-                           dtype=old.weight.dtype)
-        new.weight.copy_(old.weight[rows])
-        self.embeddings.position_embeddings = new
+        if old is not None:
+            rows = torch.arange(new_num_position_embeddings, device=old.weight.device) % old.num_embeddings
+            new = nn.Embedding(new_num_position_embeddings, old.embedding_dim, device=old.weight.device,
+                               dtype=old.weight.dtype)
+            new.weight.copy_(old.weight[rows])
+            self.embeddings.position_embeddings = new
+        self.embeddings.max_positions = new_num_position_embeddings
         for layer in self.encoder.layer:
             layer.mixer.resize(new_num_position_embeddings)
         config.filter_lag_scale = self.encoder.layer[0].mixer.static_filter.lag_scale
@@ -618,7 +627,7 @@ class OrchidModel(OrchidPreTrainedModel):
             raise ValueError(f"the input has batch size 0 (shape {shape})")
         if shape[1] == 0:
             raise ValueError("the input is an empty sequence (length 0)")
-        positions = embeddings.position_embeddings.num_embeddings
+        positions = embeddings.max_positions
         if shape[1] > positions:
             raise ValueError(f"the input has length {shape[1]} > max_position_embeddings={positions}")
         check_ids("input_ids", input_ids, shape, embeddings.word_embeddings.num_embeddings, "vocab_size")

@@ -444,3 +444,25 @@ def test_compiled_rows_one_token_short_of_their_transform_length_match_eager():
         with torch.no_grad():
             torch.testing.assert_close(compiled(ids).last_hidden_state, model(ids).last_hidden_state,
                                        atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_position_embeddings_extends_and_ignores_padding(tmp_path):
+    """``position_embedding_type="none"``: no position table (nothing to repeat when the context grows); a sequence's
+    outputs are the same padded on either side, and a checkpoint extends with its short inputs unchanged."""
+    torch.manual_seed(0)
+    model = OrchidForMaskedLM(long_config(128, position_embedding_type="none")).eval()
+    assert model.get_position_embeddings() is None
+    assert not any("position_embeddings" in name for name, _ in model.named_parameters())
+    ids, mask = mixed_batch((100, 40, 128), width=128, left=(1,))
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask).logits
+        for row in range(3):
+            alone = model(input_ids=ids[row][mask[row].bool()].unsqueeze(0)).logits[0]
+            torch.testing.assert_close(batched[row][mask[row].bool()], alone, atol=1e-6, rtol=1e-6)
+    model.save_pretrained(tmp_path)
+    extended = AutoModelForMaskedLM.from_pretrained(tmp_path, max_position_embeddings=1024).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(extended(ids[:1]).logits, model(ids[:1]).logits, atol=0, rtol=0)
+        assert extended(torch.randint(5, 97, (1, 1000))).logits.shape == (1, 1000, 97)
+    with pytest.raises(ValueError, match="position_embedding_type must be one of"):
+        long_config(position_embedding_type="rotary")
