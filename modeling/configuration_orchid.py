@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import difflib
-import math
 import warnings
+from collections.abc import Iterator
 from dataclasses import fields
 from typing import ClassVar
 
@@ -12,11 +12,21 @@ from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
 from .orchid_layers import (
+    BOOLEAN,
     FILTER_WINDOWS,
+    NON_NEGATIVE_INTEGER,
+    POSITIVE_INTEGER,
+    POSITIVE_NUMBER,
+    PROBABILITY,
+    SETTING_RULES,
     OperatorSettings,
+    Rule,
     changed_context,
+    check_rules,
     default_transform_lengths,
-    is_integer,
+    one_of,
+    or_none,
+    refuse,
 )
 
 MLP_TYPES = ("mlp", "glu")
@@ -106,6 +116,21 @@ PRESETS: dict[str, dict] = {
         filter_emb_dim=5,
         residual_long_conv=True,
     ),
+    # orchid-bert-base for long text: without a position table, which a long model learns slowly and the filters'
+    # lags make unneeded (docs/results/long_context.md, "What makes a model built for 2,048 tokens learn less").
+    "orchid-bert-long": dict(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        intermediate_size=3072,
+        max_position_embeddings=2048,
+        position_embedding_type="none",
+        mlp_type="glu",
+        mlp_num_blocks=4,
+        short_conv_size=3,
+        filter_emb_dim=5,
+        residual_long_conv=True,
+    ),
     "orchid-vit-cifar-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=512),
     "orchid-vit-cifar-m": dict(CIFAR_VIT, hidden_size=220, intermediate_size=880),
     # Orchid-s with the 2-D operator over the patch grid, and the hybrid of Hyena N-D's best stack ("Hyena first"):
@@ -163,6 +188,42 @@ AUTO_MAP = {
     "AutoModelForImageClassification": "modeling_orchid.OrchidForImageClassification",
     "AutoModelForQuestionAnswering": "modeling_orchid.OrchidForQuestionAnswering",
     "AutoModelForMultipleChoice": "modeling_orchid.OrchidForMultipleChoice",
+}
+
+
+# The rule of each field of OrchidConfig besides the operator's settings (SETTING_RULES): checked where a config is
+# built, and again after transformers sets the overrides of from_pretrained.
+FIELD_RULES: dict[str, Rule] = {
+    "vocab_size": POSITIVE_INTEGER,
+    "hidden_size": POSITIVE_INTEGER,
+    "num_hidden_layers": POSITIVE_INTEGER,
+    "intermediate_size": POSITIVE_INTEGER,
+    "hidden_act": Rule("an activation transformers knows (ACT2FN), e.g. 'gelu', 'gelu_new', 'relu', 'silu'",
+                       lambda value: isinstance(value, str) and value in ACT2FN),
+    "hidden_dropout_prob": PROBABILITY,
+    "max_position_embeddings": POSITIVE_INTEGER,
+    "position_embedding_type": one_of(POSITION_EMBEDDING_TYPES),
+    "type_vocab_size": NON_NEGATIVE_INTEGER,
+    "initializer_range": POSITIVE_NUMBER,
+    "word_embedding_init_std": or_none(POSITIVE_NUMBER),
+    "layer_norm_eps": POSITIVE_NUMBER,
+    "pre_norm": BOOLEAN,
+    "mlp_type": one_of(MLP_TYPES),
+    "mlp_num_blocks": POSITIVE_INTEGER,
+    "classifier_pooling": one_of(CLASSIFIER_POOLINGS),
+    "classifier_dropout": or_none(PROBABILITY),
+    "image_size": or_none(POSITIVE_INTEGER),
+    "patch_size": or_none(POSITIVE_INTEGER),
+    "num_channels": POSITIVE_INTEGER,
+    "image_mixer": one_of(IMAGE_MIXERS),
+    "filter_window": or_none(one_of(FILTER_WINDOWS)),
+    "layer_types": or_none(Rule(
+        f"a list of {LAYER_TYPES} (one per layer) or one of {LAYER_PATTERNS}",
+        lambda value: isinstance(value, (list, tuple)) and all(kind in LAYER_TYPES for kind in value),
+    )),
+    "num_attention_heads": POSITIVE_INTEGER,
+    "attention_probs_dropout_prob": PROBABILITY,
+    "chunk_size_feed_forward": NON_NEGATIVE_INTEGER,
 }
 
 
@@ -344,94 +405,57 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
         return self.num_patches if self.is_vision else self.max_position_embeddings
 
     def _check_values(self) -> None:
-        """A ValueError naming the first field that is out of range, and its value."""
-        self.check_settings("OrchidConfig")
-        positive = ["hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
-                    "mlp_num_blocks", "num_channels"]
-        if not self.is_vision:
-            positive += ["vocab_size"]
-        for name in positive:
-            value = getattr(self, name)
-            if not is_integer(value) or value < 1:
-                raise ValueError(f"OrchidConfig.{name} must be a positive integer, got {value!r}")
-        chunk = self.chunk_size_feed_forward
-        if not is_integer(chunk) or chunk < 0:
-            raise ValueError(
-                f"OrchidConfig.chunk_size_feed_forward must be a non-negative integer (0: all tokens at once), "
-                f"got {chunk!r}"
-            )
-        if not is_integer(self.type_vocab_size) or self.type_vocab_size < 0:
-            raise ValueError(
-                f"OrchidConfig.type_vocab_size must be a non-negative integer, got {self.type_vocab_size!r}"
-            )
-        choices = {
-            "mlp_type": MLP_TYPES,
-            "classifier_pooling": CLASSIFIER_POOLINGS,
-            "position_embedding_type": POSITION_EMBEDDING_TYPES,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"OrchidConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.hidden_act not in ACT2FN:
-            raise ValueError(
-                f"OrchidConfig.hidden_act={self.hidden_act!r} is not an activation transformers knows (ACT2FN), "
-                "e.g. 'gelu', 'gelu_new', 'relu', 'silu'"
-            )
-        for name in ("hidden_dropout_prob", "classifier_dropout"):
-            value = getattr(self, name)
-            if value is not None and not (is_number(value) and 0.0 <= value < 1.0):
-                raise ValueError(f"OrchidConfig.{name} must be in [0, 1), got {value!r}")
-        for name in ("layer_norm_eps", "initializer_range", "word_embedding_init_std"):
-            value = getattr(self, name)
-            if value is None and name == "word_embedding_init_std":
-                continue
-            if not (is_number(value) and math.isfinite(value) and value > 0):
-                raise ValueError(f"OrchidConfig.{name} must be a finite number > 0, got {value!r}")
-        widths = {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size}
-        for name, width in widths.items():
-            if width % self.mlp_num_blocks:
-                raise ValueError(
-                    f"OrchidConfig.{name}={width} must be divisible by mlp_num_blocks={self.mlp_num_blocks}"
-                )
+        """A ValueError naming the first field that is out of range (:data:`FIELD_RULES`, the operator's
+        ``SETTING_RULES``), and its value; or the first rule between fields that is broken (:meth:`field_problems`)."""
+        check_rules("OrchidConfig", vars(self), {**SETTING_RULES, **FIELD_RULES})
+        refuse(self.field_problems())
+
+    def field_problems(self) -> Iterator[str]:
+        """The rules between fields: what is wrong, in words."""
+        for name in ("hidden_size", "intermediate_size"):
+            if getattr(self, name) % self.mlp_num_blocks:
+                blocks = self.mlp_num_blocks
+                yield f"OrchidConfig.{name}={getattr(self, name)} must be divisible by mlp_num_blocks={blocks}"
         if self.pad_token_id is not None and not self.is_vision and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"OrchidConfig.pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
+            yield f"OrchidConfig.pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}"
         if self.is_vision:
-            if not is_integer(self.patch_size) or self.patch_size < 1:
-                raise ValueError(
-                    f"OrchidConfig.patch_size must be a positive integer for images, got {self.patch_size!r}"
-                )
-            if not is_integer(self.image_size) or self.image_size < 1 or self.image_size % self.patch_size:
-                raise ValueError(
-                    f"OrchidConfig.patch_size={self.patch_size} must divide image_size={self.image_size!r}"
-                )
-            if self.hidden_size % 4:
-                raise ValueError(
-                    f"OrchidConfig.hidden_size={self.hidden_size} must be divisible by 4 for the 2-D sinusoidal "
-                    "position embeddings of image models"
-                )
+            if self.patch_size is None or self.image_size % self.patch_size:
+                yield f"OrchidConfig.patch_size={self.patch_size} must divide image_size={self.image_size}"
+            elif self.hidden_size % 4:
+                yield (f"OrchidConfig.hidden_size={self.hidden_size} must be divisible by 4 for the 2-D sinusoidal "
+                       "position embeddings of image models")  # fmt: skip
         elif self.patch_size is not None:
-            raise ValueError(f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not")
-        self.resolved_transform_lengths(self.max_sequence_length, "OrchidConfig")
-        self._check_mixers()
-        if self.image_mixer == "2d":
-            side = self.image_size // self.patch_size
-            for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
-                if getattr(self, name) > side:
-                    raise ValueError(
-                        f"OrchidConfig.{name}={getattr(self, name)} is larger than the {side} x {side} grid of patches "
-                        f"(image_size / patch_size = {self.image_size} / {self.patch_size}) of the 2-D mixer"
-                    )
-        length_field = "the number of patches" if self.is_vision else "max_position_embeddings"
-        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
-            if getattr(self, name) > self.max_sequence_length:
-                raise ValueError(
-                    f"OrchidConfig.{name}={getattr(self, name)} is longer than the sequence, {length_field}="
-                    f"{self.max_sequence_length}"
-                )
+            yield f"OrchidConfig.patch_size={self.patch_size} is set but image_size is not"
+        yield from self.mixer_problems()
         if self.num_labels is not None and self.num_labels < 1:
-            raise ValueError(f"OrchidConfig.num_labels must be >= 1, got {self.num_labels}")
+            yield f"OrchidConfig.num_labels must be >= 1, got {self.num_labels}"
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
-            raise ValueError(f"OrchidConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}")
+            yield f"OrchidConfig.problem_type={self.problem_type!r} is not one of {PROBLEM_TYPES}"
+        if not (self.is_vision and self.patch_size is None):
+            grid = (self.image_size // self.patch_size,) * 2 if self.image_mixer == "2d" and self.is_vision else None
+            length_name = "the number of patches" if self.is_vision else "max_position_embeddings"
+            yield from self.setting_problems("OrchidConfig", self.max_sequence_length, grid, length_name)
+
+    def mixer_problems(self) -> Iterator[str]:
+        """The rules of the image mixer, the filters' window and the layer types."""
+        if self.image_mixer == "2d" and not self.is_vision:
+            yield ("OrchidConfig.image_mixer='2d' mixes a grid of patches: it needs an image config (image_size and "
+                   "patch_size)")  # fmt: skip
+        if self.filter_window is not None and self.image_mixer != "2d":
+            yield (f"OrchidConfig.filter_window={self.filter_window!r} is the window of the 2-D filters: it needs "
+                   f"image_mixer='2d', got image_mixer={self.image_mixer!r}")  # fmt: skip
+        types = self.layer_types
+        if types is None:
+            return
+        if len(types) != self.num_hidden_layers:
+            yield f"OrchidConfig.layer_types has {len(types)} entries, num_hidden_layers={self.num_hidden_layers}"
+        if "full_attention" in types:
+            if not self.is_vision:
+                yield ("OrchidConfig.layer_types has attention layers, which image models have (ViT's self-attention "
+                       "without an attention mask); a text config (image_size None) cannot have them")  # fmt: skip
+            if self.hidden_size % self.num_attention_heads:
+                yield (f"OrchidConfig.num_attention_heads={self.num_attention_heads} must divide "
+                       f"hidden_size={self.hidden_size}")  # fmt: skip
 
     def validate(self) -> None:
         """PreTrainedConfig's validation, which ``save_pretrained`` runs: each of its validators, with this class's
@@ -441,69 +465,14 @@ class OrchidConfig(PreTrainedConfig, OperatorSettings):
                 getattr(self, name)()
 
     def validate_layer_type(self) -> None:
-        """``layer_types`` with Orchid's layer types (:meth:`_check_mixers`)."""
-        self._check_mixers()
-
-    def _check_mixers(self) -> None:
-        """A ValueError naming the field, for the image mixer, the filters' window and the layer types."""
-        if self.image_mixer not in IMAGE_MIXERS:
-            raise ValueError(f"OrchidConfig.image_mixer must be one of {IMAGE_MIXERS}, got {self.image_mixer!r}")
-        if self.image_mixer == "2d" and not self.is_vision:
-            raise ValueError("OrchidConfig.image_mixer='2d' mixes a grid of patches: it needs an image config "
-                             "(image_size and patch_size)")
-        if self.image_mixer == "2d" and self.filter_lag_scale is not None:
-            raise ValueError(
-                f"OrchidConfig.filter_lag_scale={self.filter_lag_scale} does not apply to image_mixer='2d', whose "
-                "filters measure each axis's lags over its own length; leave it None"
-            )
-        if self.filter_window is not None:
-            if self.filter_window not in FILTER_WINDOWS:
-                raise ValueError(
-                    f"OrchidConfig.filter_window must be one of {FILTER_WINDOWS} (or None), got {self.filter_window!r}"
-                )
-            if self.image_mixer != "2d":
-                raise ValueError(
-                    f"OrchidConfig.filter_window={self.filter_window!r} is the window of the 2-D filters: it needs "
-                    f"image_mixer='2d', got image_mixer={self.image_mixer!r}"
-                )
-        if self.layer_types is None:
-            return
-        types = self.layer_types
-        if not isinstance(types, (list, tuple)) or any(kind not in LAYER_TYPES for kind in types):
-            raise ValueError(
-                f"OrchidConfig.layer_types must be a list of {LAYER_TYPES} (one per layer) or one of "
-                f"{LAYER_PATTERNS}, got {types!r}"
-            )
-        if len(types) != self.num_hidden_layers:
-            raise ValueError(
-                f"OrchidConfig.layer_types has {len(types)} entries, num_hidden_layers={self.num_hidden_layers}"
-            )
-        if "full_attention" in types:
-            if not self.is_vision:
-                raise ValueError(
-                    "OrchidConfig.layer_types has attention layers, which image models have (ViT's self-attention "
-                    "without an attention mask); a text config (image_size None) cannot have them"
-                )
-            heads = self.num_attention_heads
-            if not is_integer(heads) or heads < 1 or self.hidden_size % heads:
-                raise ValueError(
-                    f"OrchidConfig.num_attention_heads={heads!r} must be a positive integer dividing "
-                    f"hidden_size={self.hidden_size}"
-                )
-            dropout = self.attention_probs_dropout_prob
-            if not (is_number(dropout) and 0.0 <= dropout < 1.0):
-                raise ValueError(f"OrchidConfig.attention_probs_dropout_prob must be in [0, 1), got {dropout!r}")
+        """``layer_types`` with Orchid's layer types: the config's own checks (:meth:`_check_values`)."""
+        self._check_values()
 
 
 def layer_pattern(name: str, num_layers: int) -> list[str]:
     """The ``layer_types`` of a short form (``LAYER_PATTERNS``) for ``num_layers`` layers."""
-    if name not in LAYER_PATTERNS:
-        raise ValueError(
-            f"OrchidConfig.layer_types={name!r} is not a short form; use one of {LAYER_PATTERNS} or a list of "
-            f"{LAYER_TYPES}, one per layer"
-        )
-    if not is_integer(num_layers) or num_layers < 1:
-        raise ValueError(f"OrchidConfig.num_hidden_layers must be a positive integer, got {num_layers!r}")
+    check_rules("OrchidConfig", {"layer_types": name, "num_hidden_layers": num_layers},
+                {"layer_types": one_of(LAYER_PATTERNS), "num_hidden_layers": POSITIVE_INTEGER})  # fmt: skip
     first = (num_layers + 1) // 2
     orchid, attention = "orchid", "full_attention"
     patterns = {
@@ -514,10 +483,6 @@ def layer_pattern(name: str, num_layers: int) -> list[str]:
         "alternate": [orchid if index % 2 == 0 else attention for index in range(num_layers)],
     }
     return patterns[name]
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 __all__ = ["OrchidConfig", "PRESETS"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -47,6 +48,9 @@ from .orchid_layers import (
     check_attention_mask,
     check_tensor,
     check_values,
+    check_whole_values,
+    mask_rule,
+    refuse,
     value_range,
 )
 from .orchid_ops import SequenceLayout, is_traced, masked, refuse_jit_trace
@@ -84,9 +88,10 @@ class OrchidEmbeddings(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``mask`` (B, L, 1, bool): the real tokens. The word embeddings of the others are cleared, whether they come
-        from ``input_ids`` or ``inputs_embeds``: a caller's embeddings may hold NaN or inf at padded positions, which
-        through the LayerNorms' gradients would otherwise reach the weights."""
+        """The embeddings of a layout's tokens (:class:`SequenceLayout`). ``mask`` (B, L, 1, bool), where the tokens
+        include padded positions (traced), marks the real ones: the word embeddings of the others are cleared, whether
+        they come from ``input_ids`` or ``inputs_embeds``, since a caller's embeddings may hold NaN or inf at padded
+        positions, which through the LayerNorms' gradients would otherwise reach the weights."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         inputs_embeds = masked(inputs_embeds, mask)
@@ -203,9 +208,9 @@ class OrchidLayer(GradientCheckpointingLayer):
         self.mlp = OrchidMLP(config)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, layout: SequenceLayout | None = None) -> torch.Tensor:
-        """``layout``: where the real tokens are and each row's transform length (:class:`SequenceLayout`), computed by
-        ``OrchidModel``; None: every position is real."""
+    def forward(self, hidden_states: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
+        """``hidden_states``: the tokens of ``layout`` (:class:`SequenceLayout`, computed once per call by
+        ``OrchidModel``), (1, T, d), or (B, L, d) where every position is a token."""
         mixer_input = self.mixer_norm(hidden_states) if self.pre_norm else hidden_states
         mixed = self.mixer_dropout(self.mix(mixer_input, layout))
         # Everything after the mixer acts on each token alone: runs of chunk_size_feed_forward tokens keep the MLP's
@@ -227,10 +232,9 @@ class OrchidLayer(GradientCheckpointingLayer):
         hidden_states = self.mixer_norm(hidden_states + mixed)
         return self.mlp_norm(hidden_states + self.mlp(hidden_states))
 
-    def mix(self, hidden_states: torch.Tensor, layout: SequenceLayout | None) -> torch.Tensor:
-        """The mixer's output for ``hidden_states`` (B, L, d)."""
+    def mix(self, hidden_states: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
+        """The mixer's output for ``hidden_states``."""
         if isinstance(self.mixer, OrchidOperator):
-            layout = self.mixer.layout(hidden_states, None) if layout is None else layout
             return self.mixer(hidden_states, layout=layout)
         if isinstance(self.mixer, ViTAttention):
             return self.mixer(hidden_states)[0]  # the images of a batch have no padding: no attention mask
@@ -247,14 +251,20 @@ class OrchidEncoder(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, layout: SequenceLayout, output_hidden_states: bool = False
     ) -> BaseModelOutput:
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        """``hidden_states``: the tokens of ``layout``; returns the batch's (B, L, d), zero at padded positions. Each
+        hidden state returned is the one the next layer reads (its gradient reaches ``retain_grad()``)."""
+        all_hidden_states = () if output_hidden_states else None
         for layer in self.layer:
-            hidden_states = layer(hidden_states, layout)
             if output_hidden_states:
-                all_hidden_states += (hidden_states,)
+                all_hidden_states += (layout.restore(hidden_states),)
+                hidden_states = layout.gather(all_hidden_states[-1])
+            hidden_states = layer(hidden_states, layout)
+        if output_hidden_states:
+            all_hidden_states += (layout.restore(hidden_states),)
+            hidden_states = layout.gather(all_hidden_states[-1])
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
+        return BaseModelOutput(last_hidden_state=layout.restore(hidden_states), hidden_states=all_hidden_states)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,9 +288,17 @@ class OrchidPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     # The layer whose outputs are the classes, checked against config.num_labels (None: a head without one).
     num_labels_layer: str | None = None
+    # The inputs a head takes: "text", "image", or None (OrchidModel takes either).
+    modality: str | None = None
 
     def __init__(self, config: OrchidConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
+        if self.modality is not None and config.is_vision != (self.modality == "image"):
+            needs = "a text config (config.image_size must be None)" if self.modality == "text" else (
+                "an image config (set image_size and patch_size)")
+            raise ValueError(f"{type(self).__name__} needs {needs}")
+        # A config edited since it was built (or given a loading override) meets the rules of construction again.
+        config._check_values()
         # The settings this model is built from: see check_config_describes_model.
         self.built_settings = {name: getattr(self.config, name) for name in BUILD_FIELDS}
 
@@ -417,18 +435,15 @@ class OrchidPreTrainedModel(PreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def check_ids(name: str, ids: torch.Tensor | None, shape: tuple[int, int], size: int, size_name: str) -> None:
-    """A ValueError unless ``ids`` is None or an integer tensor of ``shape`` with values in [0, size); compiled and
-    exported, an assertion in the graph (:func:`check_values`)."""
-    if ids is None:
-        return
-    if tuple(ids.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(ids.shape)}, the input has shape {tuple(shape)}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer ids, got {ids.dtype}")
-    if ids.numel():
-        rule = f"{name} must lie in [0, {size_name}={size})"
-        check_values((ids >= 0) & (ids < size), rule, lambda: f"{rule}, got {value_range(ids)}")
+def input_rules(vocab_size: int, type_vocab_size: int, max_positions: int) -> dict[str, tuple[int, int, str]]:
+    """The values each integer input of a text model may hold, ``{name: (low, high, words)}`` with
+    ``low <= value < high`` (:func:`check_whole_values`): the model checks its inputs by them
+    (:meth:`OrchidModel.input_rules`), and an exported ONNX graph and its runner by the same (``orchid_hf.onnx``)."""
+    sizes = {"input_ids": ("vocab_size", vocab_size), "position_ids": ("max_position_embeddings", max_positions)}
+    if type_vocab_size > 0:
+        sizes["token_type_ids"] = ("type_vocab_size", type_vocab_size)
+    rules = {name: (0, size, f"{name} must lie in [0, {field}={size})") for name, (field, size) in sizes.items()}
+    return {**rules, "attention_mask": mask_rule()}
 
 
 # transformers' keyword arguments that ask an attention model for something an Orchid encoder has no part for, and
@@ -443,9 +458,6 @@ UNSUPPORTED_KEYWORDS = {
     "encoder_attention_mask": "Orchid is an encoder without cross-attention",
     "past_key_values": "Orchid is an encoder and keeps no cache",
     "cache": "Orchid is an encoder and keeps no cache",
-    "cu_seq_lens_q": "Orchid takes padded batches with an attention_mask, not sequences packed into one row",
-    "cu_seq_lens_k": "Orchid takes padded batches with an attention_mask, not sequences packed into one row",
-    "seq_idx": "Orchid takes padded batches with an attention_mask, not sequences packed into one row",
 }
 
 
@@ -461,6 +473,69 @@ def check_keyword_arguments(kwargs: dict) -> None:
     unknown = sorted(set(kwargs) - set(TransformersKwargs.__annotations__) - set(UNSUPPORTED_KEYWORDS) - {"use_cache"})
     if unknown:
         logger.warning_once(f"Orchid's forward ignores the keyword arguments {unknown}, which it does not take")
+
+
+def packed_sequences(attention_mask, position_ids, kwargs: dict, shape: tuple[int, int], max_positions: int):
+    """The starts and lengths of the sequences packed in the row of a batch of ``shape`` (1, T), as transformers'
+    padding-free batches give them (``DataCollatorWithFlattening``): from ``cu_seq_lens_q`` (or ``_k``), from where
+    ``seq_idx`` changes, or, as transformers tells them apart, from where the ``position_ids`` of a batch of one row
+    without ``attention_mask`` restart at 0. None for a batch of separate rows, each no longer than
+    ``max_positions``. Eager, one read on the host; compiled or exported, where a graph cannot depend on it, packed
+    rows are refused (an assertion in the graph for position_ids that restart)."""
+    cumulative = kwargs.get("cu_seq_lens_q", kwargs.get("cu_seq_lens_k"))
+    seq_idx = kwargs.get("seq_idx")
+    if cumulative is not None or seq_idx is not None:
+        if attention_mask is not None or shape[0] != 1:
+            raise ValueError(
+                "sequences packed in one row (cu_seq_lens_q, cu_seq_lens_k, seq_idx) come as a batch of one row "
+                f"without attention_mask; got a batch of {shape[0]}"
+                + (" with an attention_mask" if attention_mask is not None else "")
+            )
+    elif attention_mask is not None or position_ids is None or shape[0] != 1:
+        if shape[1] > max_positions:
+            raise ValueError(f"the input has length {shape[1]} > max_position_embeddings={max_positions}")
+        return None
+    if is_traced():
+        if cumulative is not None or seq_idx is not None:
+            raise ValueError("sequences packed in one row are laid out on the host: run them eagerly (not compiled or "
+                             "exported), or as a padded batch with an attention_mask")
+        rule = "position_ids restart within the row (sequences packed in one row): run packed rows eagerly"
+        check_values((position_ids[:, 1:] > position_ids[:, :-1]).all(), rule)
+        return None
+    length = shape[1]
+    if cumulative is not None:
+        check_tensor("cu_seq_lens_q", cumulative)
+        bounds = cumulative.tolist()
+        if bounds[0] != 0 or bounds[-1] != length or any(b <= a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"cu_seq_lens_q must rise from 0 to the row's length {length}, got {bounds}")
+        starts = bounds[:-1]
+    else:
+        if seq_idx is not None:
+            check_tensor("seq_idx", seq_idx)
+            first = torch.cat([torch.ones_like(seq_idx[0, :1], dtype=torch.bool), seq_idx[0, 1:] != seq_idx[0, :-1]])
+        else:
+            first = position_ids[0] == 0
+        starts = [0] + [place for place, starts_here in enumerate(first.tolist()) if starts_here and place > 0]
+    counts = [end - start for start, end in zip(starts, [*starts[1:], length])]
+    if max(counts) > max_positions:
+        what = "a packed sequence has" if len(counts) > 1 else "the input has length"
+        raise ValueError(f"{what} {max(counts)} tokens > max_position_embeddings={max_positions} (lengths {counts})")
+    return None if len(starts) == 1 else (starts, counts)
+
+
+def refuse_packed_sequences(head: str, attention_mask, position_ids, kwargs: dict) -> None:
+    """A ValueError where a head with one output per sequence gets sequences packed in one row (see
+    :func:`packed_sequences`): ``DataCollatorWithFlattening`` packs token labels only, and a row of sequences would take
+    one pooled output and one label."""
+    flattened = any(kwargs.get(name) is not None for name in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"))
+    if not flattened and attention_mask is None and position_ids is not None and position_ids.shape[0] == 1:
+        flattened = bool((position_ids[0, 1:] <= position_ids[0, :-1]).any())  # read on the host: packed or not
+    if flattened:
+        raise ValueError(
+            f"{head} gives one output per sequence, and takes sequences as rows of a padded batch with an "
+            "attention_mask (DataCollatorWithPadding), not packed in one row (DataCollatorWithFlattening, which packs "
+            "token labels only)"
+        )
 
 
 def token_positions(real: torch.Tensor) -> torch.Tensor:
@@ -573,71 +648,95 @@ class OrchidModel(OrchidPreTrainedModel):
             given = [name for name, value in text_inputs.items() if value is not None]
             if given:
                 raise ValueError(f"this is an image model (config.image_size is set): {given} do not apply to it")
-            self._check_pixel_values(pixel_values)
+            refuse(self._pixel_problems(pixel_values))
             hidden_states = self.embeddings(pixel_values)
-            layout = SequenceLayout.from_mask(None, self.transform_lengths, hidden_states.shape[1])
+            shape = hidden_states.shape[:2]
+            layout = SequenceLayout.from_mask(None, self.transform_lengths, shape, hidden_states.device)
             return self.encoder(hidden_states, layout, output_hidden_states)
         if pixel_values is not None:
             raise ValueError("this is a text model (config.image_size is not set): pixel_values do not apply to it")
         refuse_jit_trace()
-        self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        real = None if attention_mask is None else attention_mask.bool()
-        if real is not None and position_ids is None:
-            position_ids = token_positions(real)
-        mask = None if real is None else real.unsqueeze(-1)
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, mask)
-        layout = SequenceLayout.from_mask(real, self.transform_lengths, hidden_states.shape[1])
+        shape = self._check_text_input(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        packed = packed_sequences(attention_mask, position_ids, kwargs, shape, self.embeddings.max_positions)
+        if packed is not None:
+            starts, counts = packed
+            layout = SequenceLayout.from_packed(starts, counts, self.transform_lengths, shape, device)
+            if position_ids is None:  # each sequence's own positions
+                start_of = torch.tensor([start for start, count in zip(starts, counts) for _ in range(count)],
+                                        device=device)
+                position_ids = (torch.arange(shape[1], device=device) - start_of).unsqueeze(0)
+        else:
+            real = None if attention_mask is None else attention_mask.bool()
+            if real is not None and position_ids is None:
+                position_ids = token_positions(real)
+            layout = SequenceLayout.from_mask(real, self.transform_lengths, shape, device)
+        tokens = [layout.gather(t) for t in (input_ids, token_type_ids, position_ids, inputs_embeds)]
+        hidden_states = self.embeddings(*tokens, mask=layout.real)
         return self.encoder(hidden_states, layout, output_hidden_states)
 
-    def _check_pixel_values(self, pixel_values: torch.Tensor | None) -> None:
+    def input_rules(self) -> dict[str, tuple[int, int, str]]:
+        """The values of a text model's integer inputs (:func:`input_rules`), by the sizes of its embeddings (which
+        ``resize_token_embeddings`` and ``resize_position_embeddings`` change)."""
+        if self.is_vision:
+            return {}
+        embeddings = self.embeddings
+        types = 0 if embeddings.token_type_embeddings is None else embeddings.token_type_embeddings.num_embeddings
+        return input_rules(embeddings.word_embeddings.num_embeddings, types, embeddings.max_positions)
+
+    def _pixel_problems(self, pixel_values) -> Iterator[str]:
         embeddings = self.embeddings
         expected = (embeddings.num_channels, embeddings.image_size, embeddings.image_size)
         if pixel_values is None:
-            raise ValueError("this is an image model (config.image_size is set): pass pixel_values")
+            yield "this is an image model (config.image_size is set): pass pixel_values"
+            return
         if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != expected:
-            raise ValueError(
-                f"pixel_values must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
-                f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}"
-            )
-        if pixel_values.shape[0] == 0:
-            raise ValueError("pixel_values has batch size 0")
+            yield (f"pixel_values must have shape (batch, {expected[0]}, {expected[1]}, {expected[2]}) "
+                   f"(num_channels, image_size, image_size), got {tuple(pixel_values.shape)}")  # fmt: skip
+        elif pixel_values.shape[0] == 0:
+            yield "pixel_values has batch size 0"
 
-    def _check_text_input(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds) -> None:
-        embeddings = self.embeddings
-        width = embeddings.word_embeddings.embedding_dim
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        if inputs_embeds is not None:
-            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
-                raise ValueError(
-                    f"inputs_embeds must have shape (batch, length, hidden_size={width}), got "
-                    f"{tuple(inputs_embeds.shape)}"
-                )
-            expected = embeddings.word_embeddings.weight.dtype
-            if inputs_embeds.dtype != expected:
-                raise ValueError(
-                    f"inputs_embeds has dtype {inputs_embeds.dtype}, the model's embeddings are {expected}"
-                )
-            shape = tuple(inputs_embeds.shape[:2])
-        else:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}")
-            shape = tuple(input_ids.shape)
-        if shape[0] == 0:
-            raise ValueError(f"the input has batch size 0 (shape {shape})")
-        if shape[1] == 0:
-            raise ValueError("the input is an empty sequence (length 0)")
-        positions = embeddings.max_positions
-        if shape[1] > positions:
-            raise ValueError(f"the input has length {shape[1]} > max_position_embeddings={positions}")
-        check_ids("input_ids", input_ids, shape, embeddings.word_embeddings.num_embeddings, "vocab_size")
-        types = 0 if embeddings.token_type_embeddings is None else embeddings.token_type_embeddings.num_embeddings
-        if token_type_ids is not None and types == 0:
-            raise ValueError("token_type_ids were given, but the model has no token types (type_vocab_size=0)")
-        check_ids("token_type_ids", token_type_ids, shape, types, "type_vocab_size")
-        check_ids("position_ids", position_ids, shape, positions, "max_position_embeddings")
+    def _check_text_input(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds):
+        """The input's (batch, length), or a ValueError naming what is wrong (the lengths of its sequences:
+        :func:`packed_sequences`); the values of ids and masks by :func:`input_rules`."""
+        refuse(self._text_problems(input_ids, token_type_ids, inputs_embeds))
+        shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        rules = self.input_rules()
+        for name, ids in (("input_ids", input_ids), ("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+            if ids is not None:
+                refuse(self._ids_problems(name, ids, shape))
+                check_whole_values(ids, rules[name])
         if attention_mask is not None:
             check_attention_mask(attention_mask, shape)
+        return shape
+
+    def _text_problems(self, input_ids, token_type_ids, inputs_embeds) -> Iterator[str]:
+        embeddings = self.embeddings
+        if (input_ids is None) == (inputs_embeds is None):
+            yield "pass exactly one of input_ids and inputs_embeds"
+        elif inputs_embeds is not None:
+            width, dtype = embeddings.word_embeddings.embedding_dim, embeddings.word_embeddings.weight.dtype
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
+                got = tuple(inputs_embeds.shape)
+                yield f"inputs_embeds must have shape (batch, length, hidden_size={width}), got {got}"
+            elif inputs_embeds.dtype != dtype:
+                yield f"inputs_embeds has dtype {inputs_embeds.dtype}, the model's embeddings are {dtype}"
+        elif input_ids.dim() != 2:
+            yield f"input_ids must have shape (batch, length), got {tuple(input_ids.shape)}"
+        shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        if shape[0] == 0:
+            yield f"the input has batch size 0 (shape {shape})"
+        if shape[1] == 0:
+            yield "the input is an empty sequence (length 0)"
+        if token_type_ids is not None and embeddings.token_type_embeddings is None:
+            yield "token_type_ids were given, but the model has no token types (type_vocab_size=0)"
+
+    @staticmethod
+    def _ids_problems(name: str, ids: torch.Tensor, shape: tuple[int, int]) -> Iterator[str]:
+        if tuple(ids.shape) != tuple(shape):
+            yield f"{name} has shape {tuple(ids.shape)}, the input has shape {tuple(shape)}"
+        if not is_integer_tensor(ids):
+            yield f"{name} must hold integer ids, got {ids.dtype}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -758,13 +857,12 @@ class OrchidLMPredictionHead(nn.Module):
 
 
 class OrchidForMaskedLM(OrchidPreTrainedModel):
+    modality = "text"
     _auto_class = "AutoModelForMaskedLM"
     _tied_weights_keys = {"lm_head.decoder.weight": "orchid.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        if config.is_vision:
-            raise ValueError("OrchidForMaskedLM needs a text config (config.image_size must be None)")
         self.orchid = OrchidModel(config)
         self.lm_head = OrchidLMPredictionHead(config)
         self.post_init()
@@ -827,13 +925,12 @@ class OrchidSequencePooler(nn.Module):
 
 
 class OrchidForSequenceClassification(OrchidPreTrainedModel):
+    modality = "text"
     _auto_class = "AutoModelForSequenceClassification"
     num_labels_layer = "classifier"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        if config.is_vision:
-            raise ValueError("OrchidForSequenceClassification needs a text config (config.image_size must be None)")
         self.num_labels = config.num_labels
         self.orchid = OrchidModel(config)
         self.pooler = OrchidSequencePooler(config)
@@ -854,6 +951,7 @@ class OrchidForSequenceClassification(OrchidPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         r"""labels (`(batch,)`): class ids, float targets for regression (num_labels = 1), or multi-hot floats."""
+        refuse_packed_sequences("OrchidForSequenceClassification", attention_mask, position_ids, kwargs)
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
@@ -870,13 +968,12 @@ class OrchidForSequenceClassification(OrchidPreTrainedModel):
 
 
 class OrchidForTokenClassification(OrchidPreTrainedModel):
+    modality = "text"
     _auto_class = "AutoModelForTokenClassification"
     num_labels_layer = "classifier"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        if config.is_vision:
-            raise ValueError("OrchidForTokenClassification needs a text config (config.image_size must be None)")
         self.num_labels = config.num_labels
         self.orchid = OrchidModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -916,14 +1013,13 @@ class OrchidForTokenClassification(OrchidPreTrainedModel):
 class OrchidForImageClassification(OrchidPreTrainedModel):
     """Orchid-ViT: patch embeddings, Orchid blocks, global average pooling over patches, linear classifier."""
 
+    modality = "image"
     _auto_class = "AutoModelForImageClassification"
     main_input_name = "pixel_values"
     num_labels_layer = "classifier"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        if not config.is_vision:
-            raise ValueError("OrchidForImageClassification needs an image config (set image_size and patch_size)")
         self.num_labels = config.num_labels
         self.orchid = OrchidModel(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -985,12 +1081,11 @@ def span_loss(
 class OrchidForQuestionAnswering(OrchidPreTrainedModel):
     """Extractive question answering: a start and an end logit per token (BertForQuestionAnswering's head)."""
 
+    modality = "text"
     _auto_class = "AutoModelForQuestionAnswering"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        if config.is_vision:
-            raise ValueError("OrchidForQuestionAnswering needs a text config (config.image_size must be None)")
         self.orchid = OrchidModel(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
@@ -1009,6 +1104,7 @@ class OrchidForQuestionAnswering(OrchidPreTrainedModel):
     ) -> QuestionAnsweringModelOutput:
         r"""start_positions, end_positions (`(batch,)`): the answer's first and last token. Positions past the
         input are clamped to its length and ignored in the loss, as in BERT."""
+        refuse_packed_sequences("OrchidForQuestionAnswering", attention_mask, position_ids, kwargs)
         outputs = self.orchid(
             input_ids,
             attention_mask=attention_mask,
@@ -1041,12 +1137,11 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
     """One score per choice from each (context, choice) sequence, pooled as for sequence classification, and a
     cross-entropy over the choices (BertForMultipleChoice's head)."""
 
+    modality = "text"
     _auto_class = "AutoModelForMultipleChoice"
 
     def __init__(self, config: OrchidConfig):
         super().__init__(config)
-        if config.is_vision:
-            raise ValueError("OrchidForMultipleChoice needs a text config (config.image_size must be None)")
         self.orchid = OrchidModel(config)
         self.pooler = OrchidSequencePooler(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -1072,11 +1167,13 @@ class OrchidForMultipleChoice(OrchidPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         batch, num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         attention_mask = flatten_choices("attention_mask", attention_mask, 3)
+        position_ids = flatten_choices("position_ids", position_ids, 3)
+        refuse_packed_sequences("OrchidForMultipleChoice", attention_mask, position_ids, kwargs)
         outputs = self.orchid(
             flatten_choices("input_ids", input_ids, 3),
             attention_mask=attention_mask,
             token_type_ids=flatten_choices("token_type_ids", token_type_ids, 3),
-            position_ids=flatten_choices("position_ids", position_ids, 3),
+            position_ids=position_ids,
             inputs_embeds=flatten_choices("inputs_embeds", inputs_embeds, 4),
             return_dict=True,
             **kwargs,

@@ -16,34 +16,30 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .orchid_ops import (
-    ALL_CHANNELS,
     SequenceLayout,
-    channel_blocks,
     dct,
     fills_transform,
     forward_transform,
     forward_transform_2d,
     gated_convolution,
-    gated_long_convolution,
-    is_traced,
+    in_channel_blocks,
     kernel_spectrum,
     kernel_spectrum_2d,
-    long_convolution,
     long_convolution_2d,
     masked,
-    of_channels,
+    orchid_convolutions,
     refuse_jit_trace,
     short_convolution,
     short_convolution_2d,
-    zero_padded,
 )
 
 TRANSFORMS = ("dct", "fft")
@@ -52,6 +48,71 @@ CONDITIONING_ACTIVATIONS = ("identity", "sigmoid", "tanh", "softsign", "softshri
 # How the static filter's multiplier is formed under the DCT: the paper's Listing 1, ``dct(h0)``, or the spectrum of
 # a convolution with h0 (see ImplicitFilter). Under the FFT both are the exact circular convolution.
 FILTER_SPECTRA = ("listing1", "convolution")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules: what a setting or an input may be, checked once where it enters
+# ---------------------------------------------------------------------------------------------
+
+
+def is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a setting must be: ``description`` completes "must be ...", ``test`` tells whether a value is."""
+
+    description: str
+    test: Callable[[object], bool]
+
+
+POSITIVE_INTEGER = Rule("a positive integer", lambda value: is_integer(value) and value >= 1)
+NON_NEGATIVE_INTEGER = Rule("a non-negative integer", lambda value: is_integer(value) and value >= 0)
+ODD_INTEGER = Rule("a positive odd integer (centred)", lambda value: is_integer(value) and value >= 1 and value % 2)
+BOOLEAN = Rule("True or False", lambda value: isinstance(value, bool))
+FINITE_NUMBER = Rule("a finite number", lambda value: is_number(value) and math.isfinite(value))
+POSITIVE_NUMBER = Rule("a finite number > 0", lambda value: is_number(value) and math.isfinite(value) and value > 0)
+PROBABILITY = Rule("in [0, 1)", lambda value: is_number(value) and 0 <= value < 1)
+
+
+def one_of(choices: tuple) -> Rule:
+    return Rule(f"one of {choices}", lambda value: any(value == choice for choice in choices))
+
+
+def or_none(rule: Rule) -> Rule:
+    return Rule(f"{rule.description} or None", lambda value: value is None or rule.test(value))
+
+
+def check_rules(owner: str, values: Mapping[str, object], rules: Mapping[str, Rule]) -> None:
+    """A ValueError for the first of ``values`` that breaks its rule: ``OWNER.NAME must be ..., got VALUE``."""
+    for name, rule in rules.items():
+        if not rule.test(values[name]):
+            raise ValueError(f"{owner}.{name} must be {rule.description}, got {values[name]!r}")
+
+
+def refuse(problems: Iterable[str]) -> None:
+    """A ValueError with the first of ``problems``, what is wrong in words: the rules between settings, or of an input,
+    each written where it applies as a generator's message, which looks at the values in order and only as far as
+    they are right."""
+    for problem in problems:
+        raise ValueError(problem)
+
+
+def tensor_problems(name: str, value) -> Iterator[str]:
+    """``value`` must be a torch.Tensor (a list or a NumPy array would fail later with an AttributeError far from the
+    cause)."""
+    if not isinstance(value, torch.Tensor):
+        yield (f"{name} must be a torch.Tensor, got {type(value).__module__}.{type(value).__qualname__} "
+               "(torch.as_tensor converts it; a tokenizer gives tensors with return_tensors='pt')")  # fmt: skip
+
+
+def check_tensor(name: str, value) -> None:
+    refuse(tensor_problems(name, value))
 
 
 def check_values(valid: torch.Tensor, message: str, eager_message: Callable[[], str] | None = None) -> None:
@@ -73,30 +134,47 @@ def value_range(values: torch.Tensor) -> str:
     return f"values from {values.min().item()} to {values.max().item()}"
 
 
-def check_tensor(name: str, value) -> None:
-    """A ValueError unless ``value`` is a torch.Tensor (a list or a NumPy array would fail later with an
-    AttributeError far from the cause)."""
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(
-            f"{name} must be a torch.Tensor, got {type(value).__module__}.{type(value).__qualname__} "
-            "(torch.as_tensor converts it; a tokenizer gives tensors with return_tensors='pt')"
-        )
+def mask_rule(name: str = "attention_mask") -> tuple[int, int, str]:
+    """What a mask may hold, as :func:`check_whole_values` takes it: 0 or 1, as bool, integer or float."""
+    return 0, 2, (f"{name} must hold 1 for real tokens and 0 for padding (bool, integer or float; additive masks, "
+                  "0 / -10000 or -inf, are not accepted)")  # fmt: skip
+
+
+def check_whole_values(values: torch.Tensor, rule: tuple[int, int, str]) -> None:
+    """A ValueError naming the values found unless ``values`` are whole numbers with ``low <= value < high``, ``rule``
+    being ``(low, high, words)`` (:func:`mask_rule`, ``OrchidModel``'s :func:`input_rules`, the ONNX graph's checks);
+    compiled and exported, an assertion in the graph (:func:`check_values`), so that an input is never misread."""
+    if values.dtype == torch.bool or not values.numel():
+        return
+    low, high, words = rule
+    valid = (values >= low) & (values < high) & (values == values.round() if values.is_floating_point() else True)
+    check_values(valid, words, lambda: f"{words}, got {value_range(values[~valid])}")
 
 
 def check_attention_mask(attention_mask: torch.Tensor, shape: tuple[int, int], name: str = "attention_mask"):
-    """A ValueError unless ``attention_mask`` has ``shape`` and holds only 0 and 1 (bool, integer or float); compiled
-    and exported, an assertion in the graph (:func:`check_values`), so that a mask is never misread."""
+    """A ValueError unless ``attention_mask`` is a tensor of ``shape`` holding only 0 and 1 (:func:`mask_rule`)."""
+    check_tensor(name, attention_mask)
     if tuple(attention_mask.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected (batch, length) = {tuple(shape)}")
-    if attention_mask.dtype == torch.bool or not attention_mask.numel():
-        return
-    binary = (attention_mask == 0) | (attention_mask == 1)
-    rule = f"{name} must hold 1 for real tokens and 0 for padding (bool, integer or float)"
-    additive = "additive masks (0 / -10000 or -inf) are not accepted"
-    check_values(
-        binary, f"{rule}; {additive}", lambda: f"{rule}, got {value_range(attention_mask[~binary])}; {additive}"
-    )
+    check_whole_values(attention_mask, mask_rule(name))
 
+
+def sequence_problems(name: str, x, width: int, longest: int, longest_name: str = "max_len") -> Iterator[str]:
+    """What is wrong with ``x`` as a batch of sequences (batch, length, ``width``) of at most ``longest`` positions
+    (``longest_name`` says what sets it), in floating point."""
+    yield from tensor_problems(name, x)
+    if x.dim() != 3:
+        yield f"{name} must have shape (batch, length, {width}), got {tuple(x.shape)}"
+    elif x.shape[-1] != width:
+        yield f"{name} has {x.shape[-1]} features but the operator has d_model={width}"
+    elif x.shape[0] == 0:
+        yield f"{name} has batch size 0"
+    elif x.shape[1] == 0:
+        yield f"{name} is an empty sequence (length 0)"
+    elif x.shape[1] > longest:
+        yield f"{name} has length {x.shape[1]} > {longest_name}={longest}"
+    elif not x.is_floating_point():
+        yield f"{name} must be a floating-point tensor, got {x.dtype}"
 
 
 class ShortConvolution(nn.Module):
@@ -112,8 +190,6 @@ class ShortConvolution(nn.Module):
 
     def __init__(self, channels: int, kernel_size: int, circular: bool = False):
         super().__init__()
-        if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"short convolution kernel_size must be a positive odd number, got {kernel_size}")
         self.channels = channels
         self.kernel_size = kernel_size
         self.circular = circular
@@ -132,14 +208,12 @@ class ShortConvolution(nn.Module):
         bound = 1 / math.sqrt(self.fan_in)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, wrap: bool = True, channels: slice | torch.Tensor = ALL_CHANNELS):
+    def forward(self, x: torch.Tensor, wrap: bool | torch.Tensor = True) -> torch.Tensor:
         """x: (B, L, C) -> (B, L, C). ``wrap=False`` pads with zeros even when circular: a sequence shorter than the
         transform is zero-padded to it, so its circle closes over zeros; a (B,) bool tensor says it row by row
-        (:func:`fills_transform`). ``channels`` (a slice or an index) says which
-        of the module's channels x holds (the operator mixes long inputs a block of channels at a time)."""
+        (:func:`fills_transform`)."""
         # The weights follow the input's dtype: the conditioning network runs in float32 inside bf16 models.
-        weight, bias = of_channels(self.weight, channels, 0).to(x.dtype), of_channels(self.bias, channels).to(x.dtype)
-        return short_convolution(x, weight, bias, self.circular and wrap)
+        return short_convolution(x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.circular and wrap)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, kernel_size={self.kernel_size}, circular={self.circular}"
@@ -340,38 +414,23 @@ class ImplicitFilter(DerivedBuffers):
             return buffer[:n]
         return torch.cat([buffer[: n // 2 + 1], buffer[self.length - (n - 1 - n // 2) :]])
 
-    def envelope(self, n: int | None = None, channels: slice = ALL_CHANNELS) -> torch.Tensor:
+    def envelope(self, n: int | None = None) -> torch.Tensor:
         """``exp(-|t| * rate_c)`` on the lags of a length-``n`` kernel (default ``length``), (n, channels), float32."""
-        return torch.exp(-self.lags_of(self.decay_lags, n) * of_channels(self.channel_rates, channels))
+        return torch.exp(-self.lags_of(self.decay_lags, n) * self.channel_rates)
 
-    def forward(
-        self, n: int | None = None, channels: slice = ALL_CHANNELS, response: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The kernel h0 in the time domain for transform length ``n`` (default ``length``), (n, channels), in the
-        filter's dtype; of ``channels`` only if given, from ``response`` (:meth:`lag_response`, all channels) where
-        the caller has computed it."""
-        response = self.lag_response(n) if response is None else response
-        return of_channels(response, channels) * self.envelope(n, channels).to(response.dtype)
+    def forward(self, n: int | None = None) -> torch.Tensor:
+        """The kernel h0 = FFN(PosEmb(t)) * decay(t) in the time domain for transform length ``n`` (default
+        ``length``), (n, channels), in the filter's dtype (the skip parameter tells it; the constant features follow
+        it)."""
+        response = self.ffn(self.lags_of(self.lag_features, n).to(self.skip.dtype))
+        return response * self.envelope(n).to(response.dtype)
 
-    def lag_response(self, n: int | None = None) -> torch.Tensor:
-        """FFN(PosEmb(t)), (n, channels): the kernel before its decay, from one call of the FFN."""
-        # The skip parameter tells the filter's dtype; the constant features follow it.
-        return self.ffn(self.lags_of(self.lag_features, n).to(self.skip.dtype))
-
-    def spectrum(
-        self,
-        dtype: torch.dtype,
-        n: int | None = None,
-        channels: slice = ALL_CHANNELS,
-        response: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
         """The multiplier of ``h0 * x + skip * x`` in ``dtype`` for transform length ``n`` (default ``length``): (n,
-        channels) under the DCT, (n // 2 + 1, channels) under the FFT; of ``channels`` only if given. ``response`` is
-        :meth:`lag_response` for all channels where the caller has computed it (the operator computes it once for all
-        its channel blocks)."""
-        kernel = self(n, channels, response).to(dtype)
+        channels) under the DCT, (n // 2 + 1, channels) under the FFT."""
+        kernel = self(n).to(dtype)
         multiplier = dct(kernel, dim=0) if self.listing1 else kernel_spectrum(kernel, self.transform, dim=0)
-        return multiplier + of_channels(self.skip, channels).to(dtype)
+        return multiplier + self.skip.to(dtype)
 
     def extra_repr(self) -> str:
         scale = "" if self.lag_scale == self.length else f", lag_scale={self.lag_scale}"
@@ -432,8 +491,6 @@ class ImplicitFilter2d(DerivedBuffers):
         decay_target: float = 1e-2,
     ):
         super().__init__()
-        if window not in FILTER_WINDOWS:
-            raise ValueError(f"ImplicitFilter2d.window must be one of {FILTER_WINDOWS}, got {window!r}")
         self.channels = channels
         self.grid = (int(grid[0]), int(grid[1]))
         # The grid's positions: the length FoldedFilter (optimize_for_inference) keys the multiplier by.
@@ -489,8 +546,6 @@ class ImplicitFilter2d(DerivedBuffers):
         """The multiplier of ``h0 * x + skip * x`` in ``dtype``: (rows, columns, channels) under the DCT, (rows,
         columns // 2 + 1, channels) complex under the FFT. ``n``, where given, is the grid's count of positions (the
         argument :class:`FoldedFilter` passes, a 1-D filter's transform length)."""
-        if n is not None and n != self.length:
-            raise ValueError(f"ImplicitFilter2d over a {self.grid} grid has {self.length} positions, got n={n}")
         kernel = self().to(dtype)
         multiplier = dct(dct(kernel, dim=0), dim=1) if self.listing1 else kernel_spectrum_2d(kernel, self.transform)
         return multiplier + self.skip.to(dtype)
@@ -527,16 +582,10 @@ class FoldedFilter(nn.Module):
             self._buffers[name] = before.to(device=target.device, dtype=dtype)
         return self
 
-    def lag_response(self, n: int | None = None) -> None:
-        """Nothing to compute once per call: the multiplier is folded."""
-        return None
-
-    def spectrum(
-        self, dtype: torch.dtype, n: int | None = None, channels: slice = ALL_CHANNELS, response: None = None
-    ) -> torch.Tensor:
-        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest) and
-        ``channels``, as computed when the filter was folded (complex under the FFT)."""
-        multiplier = of_channels(getattr(self, f"multiplier_{self.length if n is None else n}"), channels)
+    def spectrum(self, dtype: torch.dtype, n: int | None = None) -> torch.Tensor:
+        """:meth:`ImplicitFilter.spectrum` for transform length ``n`` (one of ``lengths``; default the longest), as
+        computed when the filter was folded (complex under the FFT)."""
+        multiplier = getattr(self, f"multiplier_{self.length if n is None else n}")
         if multiplier.is_complex():
             dtype = torch.promote_types(dtype, torch.complex64)
         return multiplier.to(dtype)
@@ -696,48 +745,40 @@ class OperatorSettings:
     transform_lengths: list[int] | None = None
     filter_lag_scale: int | None = None
 
-    def check_settings(self, owner: str = "OrchidOperator") -> None:
-        """A ValueError naming the first setting that is out of range, and its value."""
-        choices = {
-            "transform": TRANSFORMS,
-            "conditioning": CONDITIONINGS,
-            "conditioning_activation": CONDITIONING_ACTIVATIONS,
-            "filter_spectrum": FILTER_SPECTRA,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{owner}.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("data_dependent", "filter_decay", "residual_long_conv"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{owner}.{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
-            value = getattr(self, name)
-            if not is_integer(value) or value < 1 or value % 2 == 0:
-                raise ValueError(f"{owner}.{name} must be a positive odd integer (centred), got {value!r}")
-        for name in ("filter_emb_dim", "filter_width"):
-            value = getattr(self, name)
-            if not is_integer(value) or value < 1:
-                raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
-        for name in ("filter_depth", "conditioning_time_layers", "conditioning_freq_layers"):
-            value = getattr(self, name)
-            if not is_integer(value) or value < 0:
-                raise ValueError(f"{owner}.{name} must be a non-negative integer, got {value!r}")
-        frequency = self.filter_sin_frequency
-        if not isinstance(frequency, (int, float)) or isinstance(frequency, bool) or not math.isfinite(frequency):
-            raise ValueError(f"{owner}.filter_sin_frequency must be a finite number, got {frequency!r}")
+    def check_settings(
+        self, owner: str = "OrchidOperator", max_len: int | None = None, grid: tuple[int, int] | None = None
+    ) -> None:
+        """A ValueError naming the first setting that is out of range (:data:`SETTING_RULES`), and its value; or that
+        does not fit the operator's longest input ``max_len`` or its ``grid`` (2-D)."""
+        check_rules(owner, vars(self), SETTING_RULES)
+        refuse(self.setting_problems(owner, max_len, grid))
+
+    def setting_problems(
+        self, owner: str, max_len: int | None, grid: tuple[int, int] | None, max_len_name: str = "max_len"
+    ) -> Iterator[str]:
+        """The rules between settings, and between them and the input (its longest length ``max_len``, which
+        ``max_len_name`` names, or the ``grid`` of a 2-D mixer): what is wrong, in words."""
         if self.data_dependent and self.conditioning_time_layers + self.conditioning_freq_layers == 0:
-            raise ValueError(
-                f"{owner}.conditioning_time_layers and conditioning_freq_layers are both 0; the conditioning network "
-                "needs at least one convolution (or set data_dependent=False)"
-            )
-        scale = self.filter_lag_scale
-        if scale is not None and (not is_integer(scale) or scale < 1):
-            raise ValueError(f"{owner}.filter_lag_scale must be a positive integer or None, got {scale!r}")
+            yield (f"{owner}.conditioning_time_layers and conditioning_freq_layers are both 0; the conditioning "
+                   "network needs at least one convolution (or set data_dependent=False)")  # fmt: skip
+        lengths = self.transform_lengths
+        if max_len is not None and lengths is not None and lengths[-1] != max_len:
+            yield f"{owner}.transform_lengths must end at the longest input, {max_len}, got {lengths!r}"
+        if grid is not None and self.filter_lag_scale is not None:
+            yield (f"{owner}.filter_lag_scale={self.filter_lag_scale} does not apply to 2-D mixers, whose filters "
+                   "measure each axis's lags over its own length; leave it None")  # fmt: skip
+        longest = min(grid) if grid is not None else max_len
+        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
+            if longest is not None and getattr(self, name) > longest:
+                where = f"the grid {tuple(grid)}" if grid is not None else f"the input, {max_len_name}={max_len}"
+                yield f"{owner}.{name}={getattr(self, name)} is longer than {where}"
 
     @classmethod
-    def checked(cls, settings: dict, owner: str) -> OperatorSettings:
+    def checked(
+        cls, settings: dict, owner: str, max_len: int | None = None, grid: tuple[int, int] | None = None
+    ) -> OperatorSettings:
         """The settings of an operator from its keyword arguments; a ValueError naming ``owner`` for an unknown one
-        (with the closest name) or a value out of range."""
+        (with the closest name) or a value out of range (:meth:`check_settings`)."""
         names = [field.name for field in fields(cls)]
         unknown = sorted(set(settings) - set(names))
         if unknown:
@@ -745,7 +786,7 @@ class OperatorSettings:
             hint = f"; did you mean {closest[0]!r}?" if closest else f"; the settings are {names}"
             raise ValueError(f"{owner} got unknown settings {unknown}{hint}")
         checked = cls(**settings)
-        checked.check_settings(owner)
+        checked.check_settings(owner, max_len, grid)
         return checked
 
     def filter_settings(self) -> dict:
@@ -772,20 +813,37 @@ class OperatorSettings:
             freq_layers=self.conditioning_freq_layers,
         )
 
-    def resolved_transform_lengths(self, max_len: int, owner: str = "OrchidOperator") -> tuple[int, ...]:
-        """``transform_lengths`` for an operator of ``max_len``, or the default; a ValueError naming the field unless
-        they are positive integers, ascending, the longest ``max_len`` (``max_len`` names what sets it)."""
-        lengths = self.transform_lengths
-        if lengths is None:
-            return default_transform_lengths(max_len)
-        valid = isinstance(lengths, (list, tuple)) and len(lengths) > 0 and all(is_integer(n) for n in lengths)
-        if not valid or any(n < 1 for n in lengths) or any(a >= b for a, b in zip(lengths, lengths[1:])):
-            raise ValueError(
-                f"{owner}.transform_lengths must be positive integers in ascending order (or None), got {lengths!r}"
-            )
-        if lengths[-1] != max_len:
-            raise ValueError(f"{owner}.transform_lengths must end at the longest input, {max_len}, got {lengths!r}")
-        return tuple(lengths)
+    def resolved_transform_lengths(self, max_len: int) -> tuple[int, ...]:
+        """``transform_lengths`` for an operator of ``max_len`` (checked by :meth:`check_settings`), or the default."""
+        return default_transform_lengths(max_len) if self.transform_lengths is None else tuple(self.transform_lengths)
+
+
+def ascending_lengths(lengths) -> bool:
+    return (isinstance(lengths, (list, tuple)) and len(lengths) > 0 and all(is_integer(n) and n >= 1 for n in lengths)
+            and all(a < b for a, b in zip(lengths, lengths[1:])))  # fmt: skip
+
+
+# The rule of each operator setting (the fields of OperatorSettings), which OrchidConfig shares.
+SETTING_RULES: dict[str, Rule] = {
+    "transform": one_of(TRANSFORMS),
+    "conditioning": one_of(CONDITIONINGS),
+    "conditioning_activation": one_of(CONDITIONING_ACTIVATIONS),
+    "data_dependent": BOOLEAN,
+    "short_conv_size": ODD_INTEGER,
+    "conditioning_time_kernel_size": ODD_INTEGER,
+    "conditioning_freq_kernel_size": ODD_INTEGER,
+    "conditioning_time_layers": NON_NEGATIVE_INTEGER,
+    "conditioning_freq_layers": NON_NEGATIVE_INTEGER,
+    "filter_emb_dim": POSITIVE_INTEGER,
+    "filter_width": POSITIVE_INTEGER,
+    "filter_depth": NON_NEGATIVE_INTEGER,
+    "filter_sin_frequency": FINITE_NUMBER,
+    "filter_decay": BOOLEAN,
+    "filter_spectrum": one_of(FILTER_SPECTRA),
+    "residual_long_conv": BOOLEAN,
+    "transform_lengths": or_none(Rule("positive integers in ascending order", ascending_lengths)),
+    "filter_lag_scale": or_none(POSITIVE_INTEGER),
+}
 
 
 # The shortest transform length of the default ladder (default_transform_lengths): below it a transform costs about
@@ -831,10 +889,6 @@ def changed_context(max_len: int, lengths: tuple[int, ...], max_positions: int) 
     return extended_transform_lengths(lengths, max_positions)
 
 
-def is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class OrchidOperator(nn.Module):
     """The Orchid sequence mixer: ``y = out_proj( s2 * (h * (s1 * v)) [+ h_res * x] )`` with ``h = h0 + h_theta(v)``.
 
@@ -857,14 +911,10 @@ class OrchidOperator(nn.Module):
 
     def __init__(self, d_model: int, max_len: int, bias: bool = True, **settings):
         super().__init__()
-        if not is_integer(d_model) or d_model < 1:
-            raise ValueError(f"OrchidOperator.d_model must be a positive integer, got {d_model!r}")
-        if not is_integer(max_len) or max_len < 1:
-            raise ValueError(f"OrchidOperator.max_len must be a positive integer, got {max_len!r}")
-        self.settings = OperatorSettings.checked(settings, "OrchidOperator")
+        values = {"d_model": d_model, "max_len": max_len}
+        check_rules("OrchidOperator", values, {"d_model": POSITIVE_INTEGER, "max_len": POSITIVE_INTEGER})
+        self.settings = OperatorSettings.checked(settings, "OrchidOperator", max_len=max_len)
         s = self.settings
-        if s.short_conv_size > max_len:
-            raise ValueError(f"OrchidOperator.short_conv_size={s.short_conv_size} is longer than max_len={max_len}")
         self.d_model = d_model
         self.max_len = max_len
         self.transform_lengths = s.resolved_transform_lengths(max_len)
@@ -906,170 +956,67 @@ class OrchidOperator(nn.Module):
         layout: SequenceLayout | None = None,
     ) -> torch.Tensor:
         """x: (B, L, d), 1 <= L <= max_len; attention_mask: (B, L), 1 for real tokens and 0 for padding; returns
-        (B, L, d).
-
-        ``conditioning_input`` u (B, L_u, d), L_u <= max_len, makes the kernel h_theta(u) instead of h_theta(v)
-        (Remark 3.3); ``conditioning_mask`` (B, L_u) marks its real positions. A row is then mixed at the transform
-        length that holds both its sequence and its u.
-
-        ``layout`` is where the real tokens of x are and the transform length of each row (:class:`SequenceLayout`),
-        as ``OrchidModel`` passes it to every layer: the model checks its inputs and computes the layout once per
-        call, and the operator then reads neither ``attention_mask`` nor anything else of its inputs' values. Without
-        it, the operator checks its inputs and computes the layout itself.
-        """
-        if layout is None:
-            refuse_jit_trace()
-            self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
-            layout = self.layout(x, attention_mask, conditioning_input, conditioning_mask)
-        y = self._mix(layout.pack(x), layout, conditioning_input, conditioning_mask)
-        return layout.unpack(y)
-
-    def layout(self, x, attention_mask, conditioning_input=None, conditioning_mask=None) -> SequenceLayout:
-        """The layout of x's rows (:class:`SequenceLayout`); with a conditioning sequence, each row at the transform
-        length that holds the longer of its two sequences."""
-        layout = SequenceLayout.from_mask(attention_mask, self.transform_lengths, x.shape[1])
+        (B, L, d), zero at padded positions. ``conditioning_input`` u (B, L_u, d) and ``conditioning_mask`` (B, L_u)
+        make the kernel h_theta(u) (Remark 3.3), each row at the transform length that holds both its sequences.
+        Inside ``OrchidModel``, x is the tokens of the model's ``layout``, computed once per call for all layers."""
+        if layout is not None:
+            return self.mix(x, layout)
+        refuse_jit_trace()
+        self._check_inputs(x, attention_mask, conditioning_input, conditioning_mask)
+        real = None if attention_mask is None else attention_mask.bool()
         if conditioning_input is None:
-            return layout
-        counts = [
-            torch.full(tensor.shape[:1], tensor.shape[1], device=x.device) if mask is None else mask.bool().sum(1)
-            for tensor, mask in ((x, attention_mask), (conditioning_input, conditioning_mask))
-        ]
-        width = max(x.shape[1], conditioning_input.shape[1])
-        longer = torch.arange(width, device=x.device) < torch.maximum(*counts).unsqueeze(1)
-        groups = SequenceLayout.from_mask(longer, self.transform_lengths).groups
-        return SequenceLayout(layout.mask, layout.order, groups)
+            layout = SequenceLayout.from_mask(real, self.transform_lengths, x.shape[:2], x.device)
+            return layout.restore(self.mix(layout.gather(x), layout))
+        source_real = None if conditioning_mask is None else conditioning_mask.bool()
+        layout, source = SequenceLayout.pair(real, x.shape[:2], source_real, conditioning_input.shape[:2],
+                                             self.transform_lengths, x.device)  # fmt: skip
+        return layout.restore(self.mix(layout.gather(x), layout, source.gather(conditioning_input), source))
 
-    def _mix(
-        self,
-        x: torch.Tensor,
-        layout: SequenceLayout,
-        conditioning_input: torch.Tensor | None,
-        conditioning_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Listing 1 on rows whose real tokens come first, ``layout.mask`` (B, L, 1) marking them: the two
-        projections here, and between them, for each group of rows at its transform length, the convolutions
-        (:meth:`_convolve`)."""
-        mask, length = layout.mask, x.shape[1]
-        # Padded positions are cleared first: a NaN there would otherwise reach the weights' gradients through in_proj.
-        x = masked(x, mask)
-        projected = masked(self.in_proj(x), mask)  # s1, s2 and v before the short convolution
-        source, source_mask = projected[..., 2 * self.d_model :], mask  # h_theta reads v (Listing 1)
-        if conditioning_input is not None:  # or another sequence (Remark 3.3)
-            source, source_mask = self._project_value(conditioning_input, conditioning_mask)
-        inputs = {"x": x, "projected": projected, "mask": mask, "source": source, "source_mask": source_mask}
-        if layout.padded_length is not None:  # traced: every group's shapes fixed (see SequenceLayout)
-            if mask is None:
-                inputs["mask"] = torch.ones(*x.shape[:2], 1, dtype=torch.bool, device=x.device)
-                inputs["source_mask"] = inputs["source_mask"] if conditioning_input is not None else inputs["mask"]
-            inputs = {name: None if value is None else zero_padded(value, 1, layout.padded_length)
-                      for name, value in inputs.items()}
-        y = None
-        for group in layout.groups:
-            part = self._convolve(group.n, **{name: group.take(value) for name, value in inputs.items()})
-            part = zero_padded(part, 1, inputs["x"].shape[1])
-            if group.rows is not None:
-                part = x.new_zeros(x.shape[0], *part.shape[1:]).index_copy(0, group.rows, part)
-            if group.select is not None:
-                part = part.masked_fill(~group.select.view(-1, 1, 1), 0.0)
-            y = part if y is None else y + part
-        if layout.padded_length is not None:
-            # Back to the input's length by a gather: a cut (a view) of a symbolic length would tie an exported graph
-            # to one side of length < padded_length.
-            y = y.index_select(1, torch.arange(length, device=y.device))
-        return self.out_proj(y)
+    def mix(self, x, layout: SequenceLayout, source=None, source_layout: SequenceLayout | None = None) -> torch.Tensor:
+        """Listing 1 on the tokens x (..., d) of ``layout``: the projections, and between them each group of
+        sequences at its transform length (:meth:`_convolve`); h_theta reads v, or the tokens ``source`` of another
+        sequence laid out in the same groups by ``source_layout`` (Remark 3.3)."""
+        # Traced, the tokens include padded positions: cleared, so that NaN there never reaches in_proj's gradients.
+        tokens = masked(x, layout.real).reshape(-1, self.d_model)
+        projected = self.in_proj(tokens)  # s1, s2 and v before the short convolution
+        value = projected if source is None else self.in_proj(masked(source, source_layout.real).flatten(0, -2))
+        pairs = zip(layout.groups, layout.groups if source is None else source_layout.groups)
+        parts = [self._convolve(group.n, group.take(tokens), group.take(projected), group.mask,
+                                source_group.take(value[:, 2 * self.d_model :]), source_group.mask)
+                 for group, source_group in pairs]  # fmt: skip
+        return self.out_proj(layout.join(parts)).view(x.shape)
 
     def _convolve(self, n, x, projected, mask, source, source_mask) -> torch.Tensor:
-        """Between the projections, at transform length n: the short convolution, the kernel h = h0 + h_theta(v) in
-        the transform domain, ``y = s2 * (h * (s1 * v))``, and the residual long convolution of the block input
-        (App. C.3). Without autograd, a long input a block of channels at a time (:func:`channel_blocks`)."""
+        """For sequences (G, L, .) at transform length n, their tokens marked by ``mask`` (G, L, 1): the short
+        convolution, h = h0 + h_theta(v) in the transform domain, ``s2 * (h * (s1 * v))`` and the residual long
+        convolution of the block input (App. C.3)."""
         # Transforms in float32 at least: torch.fft has no bfloat16, and float16 only for powers of two on CUDA.
         dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            # The filters' networks and the conditioning network run once on all channels (a replaced conditioning
-            # module may mix channels); each channel block takes its channels of what they give.
-            static = self.static_filter.lag_response(n)
-            residual = None if self.residual_filter is None else self.residual_filter.lag_response(n)
-            conditioned = None if self.conditioning is None else self.conditioning(source.to(dtype), n, source_mask)
-            blocks = [ALL_CHANNELS]
-            if not (torch.is_grad_enabled() or is_traced()):
-                blocks = channel_blocks(self.d_model, x.shape[0] * n)
-            # s1, s2 and v of each block, side by side: one pass over in_proj's output (B, L, 3 * d_model).
-            gates = [projected] if len(blocks) == 1 else [
-                part.flatten(-2) for part in projected.unflatten(-1, (3, self.d_model)).split(
-                    [block.stop - block.start for block in blocks], dim=-1)
-            ]
-            inputs = (n, x, mask, conditioned, static, residual, dtype)
-            parts = [self._convolve_channels(block, gate, *inputs) for block, gate in zip(blocks, gates)]
-            y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        return masked(y, mask).to(x.dtype)
+            s1, s2, v = self.short_conv(projected, fills_transform(mask, n, x.shape[1])).chunk(3, dim=-1)
+            kernel = self.static_filter.spectrum(dtype, n)
+            if self.conditioning is not None:
+                kernel = kernel + self.conditioning(source.to(dtype), n, source_mask)
+            residual = None if self.residual_filter is None else self.residual_filter.spectrum(dtype, n)
+            convolutions = partial(orchid_convolutions, mask=mask, transform=self.transform, n=n, dtype=dtype)
+            return in_channel_blocks(convolutions, s1, v, s2, kernel, x, residual).to(x.dtype)
 
-    def _convolve_channels(
-        self, channels, gates, n, x, mask, conditioned, static, residual, dtype
-    ) -> torch.Tensor:
-        """:meth:`_convolve` for ``channels`` of the d_model, whose s1, s2 and v are ``gates``; ``x``, ``conditioned``
-        (h_theta's spectrum) and ``static`` and ``residual`` (the filters' lag responses, None when folded) hold all
-        channels."""
-        wrap = fills_transform(mask, n, x.shape[1])
-        weights = ALL_CHANNELS
-        if channels is not ALL_CHANNELS:  # the short convolution's channels of this block's s1, s2 and v
-            index = torch.arange(channels.start, channels.stop, device=x.device)
-            weights = torch.cat([index, index + self.d_model, index + 2 * self.d_model])
-        s1, s2, v = self.short_conv(gates, wrap, weights).chunk(3, dim=-1)
-        kernel = self.static_filter.spectrum(dtype, n, channels, static)
-        if conditioned is not None:
-            kernel = kernel + of_channels(conditioned, channels)
-        y = gated_long_convolution(s1, v, s2, kernel, mask, self.transform, n, dtype)
-        if self.residual_filter is not None:
-            multiplier = self.residual_filter.spectrum(dtype, n, channels, residual)
-            y = y + long_convolution(of_channels(x, channels).to(dtype), multiplier, self.transform, n)
-        return y
-
-    def _project_value(
-        self, conditioning_input: torch.Tensor, conditioning_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The cross-conditioning sequence u projected like v (Remark 3.3), its real tokens first, zero-padded to the
-        transform length, which Remark 3.3 reads as interpolation in frequency; and its mask (B, L_u, 1)."""
-        layout = SequenceLayout.from_mask(conditioning_mask, self.transform_lengths, conditioning_input.shape[1])
-        # The in_proj module is called whole, so that its hooks and adapters act here as well; v is its last third.
-        value = self.in_proj(layout.pack(conditioning_input))[..., 2 * self.d_model :]
-        return masked(value, layout.mask), layout.mask
-
-    def _check_inputs(
-        self,
-        x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        conditioning_input: torch.Tensor | None,
-        conditioning_mask: torch.Tensor | None,
-    ) -> None:
+    def _check_inputs(self, x, attention_mask, conditioning_input, conditioning_mask) -> None:
         """A ValueError unless the arguments of :meth:`forward` fit this operator and each other."""
-        batch, _ = self._check_input("x", x, attention_mask)
+        refuse(self._input_problems(x, conditioning_input))
+        for name, value, mask in (("x", x, attention_mask), ("conditioning_input", conditioning_input,
+                                                              conditioning_mask)):  # fmt: skip
+            if value is not None and mask is not None:
+                check_attention_mask(mask, value.shape[:2], f"attention mask for {name}")
+
+    def _input_problems(self, x, conditioning_input) -> Iterator[str]:
+        yield from sequence_problems("x", x, self.d_model, self.max_len)
         if conditioning_input is not None:
             if self.conditioning is None:
-                raise ValueError("conditioning_input needs the data-dependent kernel (data_dependent=True)")
-            conditioning_batch, _ = self._check_input("conditioning_input", conditioning_input, conditioning_mask)
-            if conditioning_batch != batch:
-                raise ValueError(f"conditioning_input has batch size {conditioning_batch}, x has {batch}")
-
-    def _check_input(self, name: str, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[int, int]:
-        check_tensor(name, x)
-        if mask is not None:
-            check_tensor(f"attention mask for {name}", mask)
-        if x.dim() != 3:
-            raise ValueError(f"{name} must have shape (batch, length, {self.d_model}), got {tuple(x.shape)}")
-        batch, length, features = x.shape
-        if features != self.d_model:
-            raise ValueError(f"{name} has {features} features but the operator has d_model={self.d_model}")
-        if batch == 0:
-            raise ValueError(f"{name} has batch size 0")
-        if length == 0:
-            raise ValueError(f"{name} is an empty sequence (length 0); the operator needs 1 <= length <= max_len")
-        if length > self.max_len:
-            raise ValueError(f"{name} has length {length} > max_len={self.max_len}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
-        if mask is not None:
-            check_attention_mask(mask, (batch, length), f"attention mask for {name}")
-        return batch, length
+                yield "conditioning_input needs the data-dependent kernel (data_dependent=True)"
+            yield from sequence_problems("conditioning_input", conditioning_input, self.d_model, self.max_len)
+            if conditioning_input.shape[0] != x.shape[0]:
+                yield f"conditioning_input has batch size {conditioning_input.shape[0]}, x has {x.shape[0]}"
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}, transform={self.transform!r}"
@@ -1103,22 +1050,12 @@ class OrchidOperator2d(nn.Module):
         self, d_model: int, grid: tuple[int, int], bias: bool = True, filter_window: str = "dimensional", **settings
     ):
         super().__init__()
-        if not is_integer(d_model) or d_model < 1:
-            raise ValueError(f"OrchidOperator2d.d_model must be a positive integer, got {d_model!r}")
-        if not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(is_integer(n) and n >= 1 for n in grid)):
-            raise ValueError(f"OrchidOperator2d.grid must be two positive integers (rows, columns), got {grid!r}")
-        if filter_window not in FILTER_WINDOWS:
-            raise ValueError(f"OrchidOperator2d.filter_window must be one of {FILTER_WINDOWS}, got {filter_window!r}")
-        self.settings = OperatorSettings.checked(settings, "OrchidOperator2d")
+        grid_rule = Rule("two positive integers (rows, columns)", lambda value: isinstance(value, (tuple, list))
+                         and len(value) == 2 and all(POSITIVE_INTEGER.test(n) for n in value))  # fmt: skip
+        check_rules("OrchidOperator2d", {"d_model": d_model, "grid": grid, "filter_window": filter_window},
+                    {"d_model": POSITIVE_INTEGER, "grid": grid_rule, "filter_window": one_of(FILTER_WINDOWS)})
+        self.settings = OperatorSettings.checked(settings, "OrchidOperator2d", grid=tuple(grid))
         s = self.settings
-        if s.filter_lag_scale is not None:
-            raise ValueError(
-                f"OrchidOperator2d.filter_lag_scale must be None (each axis's lags are measured over its own length), "
-                f"got {s.filter_lag_scale!r}"
-            )
-        for name in ("short_conv_size", "conditioning_time_kernel_size", "conditioning_freq_kernel_size"):
-            if getattr(s, name) > min(grid):
-                raise ValueError(f"OrchidOperator2d.{name}={getattr(s, name)} is larger than the grid {tuple(grid)}")
         self.d_model = d_model
         self.grid = tuple(grid)
         self.transform = s.transform
@@ -1143,7 +1080,7 @@ class OrchidOperator2d(nn.Module):
     def forward(self, x: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """x: (B, rows * columns, d), the grid's positions row by row; returns (B, rows * columns, d). ``grid``, where
         given, must be the operator's (its filters are built for it)."""
-        self._check_input(x, grid)
+        refuse(self._input_problems(x, grid))
         batch = x.shape[0]
         image = x.reshape(batch, *self.grid, self.d_model)  # (B, H, W, d), channels last
         projected = self.in_proj(image)
@@ -1159,21 +1096,13 @@ class OrchidOperator2d(nn.Module):
                 y = y + long_convolution_2d(image.to(dtype), self.residual_filter.spectrum(dtype), self.transform)
         return self.out_proj(y.to(x.dtype)).reshape(batch, -1, self.d_model)
 
-    def _check_input(self, x: torch.Tensor, grid: tuple[int, int] | None) -> None:
+    def _input_problems(self, x, grid: tuple[int, int] | None) -> Iterator[str]:
         rows, columns = self.grid
         if grid is not None and tuple(grid) != self.grid:
-            raise ValueError(f"OrchidOperator2d was built for a {self.grid} grid (its filters are), got grid={grid!r}")
-        if x.dim() != 3:
-            raise ValueError(f"x must have shape (batch, rows * columns, {self.d_model}), got {tuple(x.shape)}")
-        batch, length, features = x.shape
-        if features != self.d_model:
-            raise ValueError(f"x has {features} features but the operator has d_model={self.d_model}")
-        if length != rows * columns:
-            raise ValueError(f"x has {length} positions, the {rows} x {columns} grid has {rows * columns}")
-        if batch == 0:
-            raise ValueError("x has batch size 0")
-        if not x.is_floating_point():
-            raise ValueError(f"x must be a floating-point tensor, got {x.dtype}")
+            yield f"OrchidOperator2d was built for a {self.grid} grid (its filters are), got grid={grid!r}"
+        yield from sequence_problems("x", x, self.d_model, rows * columns)
+        if x.shape[1] != rows * columns:
+            yield f"x has {x.shape[1]} positions, the {rows} x {columns} grid has {rows * columns}"
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, grid={self.grid}, transform={self.transform!r}"

@@ -36,70 +36,66 @@ MATRIX_DCT_MAX_LENGTH = 128
 
 def dct(x: torch.Tensor, dim: int = -1, n: int | None = None) -> torch.Tensor:
     """Orthonormal DCT-II along ``dim`` of ``x`` zero-padded to length ``n`` (default: its own length); equal to
-    ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``.
-
-    Up to ``MATRIX_DCT_MAX_LENGTH`` it is a product with the DCT matrix. Longer, on the CPU (float32 or float64,
-    eager) it runs through pocketfft, SciPy's FFT library, which computes the DCT natively; elsewhere, and without
-    SciPy, through one real FFT of the same length (Makhoul, 1980), written for an exported graph in real arithmetic
-    (:func:`_dct_in_graph`).
-    """
+    ``scipy.fft.dct(x, n=n, axis=dim, norm="ortho")``, through the backend :func:`dct_backend` chooses."""
     dim = dim % x.dim()
     n = x.shape[dim] if n is None else n
-    if n < x.shape[dim]:
-        raise ValueError(f"dct: n={n} is shorter than the input ({x.shape[dim]} samples along dim {dim})")
-    if n <= MATRIX_DCT_MAX_LENGTH:
+    backend = dct_backend(x, n)
+    if backend == "matrix":
         matrix = transform_matrix(n, x.shape[dim], x.dtype, x.device)  # (n, L)
         return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
-    if uses_pocketfft(x):
+    if backend == "pocketfft":
         return PocketfftTransform.apply(x, dim, n, False)
-    if is_exporting():
-        return _dct_in_graph(zero_padded(x, dim, n), dim)
-    return _dct_by_fft(zero_padded(x, dim, n).movedim(dim, -1)).movedim(-1, dim)
+    return makhoul_dct(zero_padded(x, dim, n), dim)
 
 
 def idct(x: torch.Tensor, dim: int = -1, length: int | None = None) -> torch.Tensor:
     """The first ``length`` samples (default: all) of the orthonormal inverse DCT (DCT-III) along ``dim``; equal to
-    ``scipy.fft.idct(x, axis=dim, norm="ortho")`` cut to ``length``."""
+    ``scipy.fft.idct(x, axis=dim, norm="ortho")`` cut to ``length``, through the backend :func:`dct_backend`
+    chooses."""
     dim = dim % x.dim()
     length = x.shape[dim] if length is None else length
-    if x.shape[dim] <= MATRIX_DCT_MAX_LENGTH:
+    backend = dct_backend(x, x.shape[dim])
+    if backend == "matrix":
         matrix = transform_matrix(x.shape[dim], length, x.dtype, x.device).transpose(0, 1)
         return torch.matmul(matrix, x.movedim(dim, -2)).movedim(-2, dim)
-    if uses_pocketfft(x):
+    if backend == "pocketfft":
         return PocketfftTransform.apply(x, dim, length, True)
-    if is_exporting():
-        return _idct_in_graph(x, dim, length)
-    return _idct_by_fft(x.movedim(dim, -1)).movedim(-1, dim).narrow(dim, 0, length)
+    return makhoul_idct(x, dim, length)
 
 
-_TRANSFORM_MATRICES: dict[tuple, torch.Tensor] = {}
+def dct_backend(x: torch.Tensor, n: int) -> str:
+    """How :func:`dct` and :func:`idct` compute a transform of length n on tensors like x: ``"matrix"``, a product
+    with the DCT matrix, up to ``MATRIX_DCT_MAX_LENGTH``; ``"pocketfft"``, SciPy's FFT library, which computes the DCT
+    natively, on the CPU in float32 or float64 outside a traced graph where SciPy is installed; ``"fft"`` otherwise:
+    one real FFT of the same length (Makhoul, 1980; :func:`makhoul_dct`)."""
+    if n <= MATRIX_DCT_MAX_LENGTH:
+        return "matrix"
+    if scipy_fft is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return "fft" if is_traced() else "pocketfft"
+    return "fft"
 
 
 def transform_matrix(n: int, columns: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The first ``columns`` columns of the orthonormal DCT-II matrix of size n (:func:`dct_matrix`), computed in
-    float64 and cast to ``dtype``: kept once per (n, dtype, device) in eager runs; under ``torch.compile`` and
-    ``torch.export`` computed in the graph, at the (maybe symbolic) number of columns, since a cut of the whole
-    matrix (a view) would tie an exported graph to one side of columns < n."""
-    if torch.compiler.is_compiling():
-        return dct_matrix(n, torch.float64, device, columns).to(dtype)
-    key = (n, dtype, torch.device(device))
-    if key not in _TRANSFORM_MATRICES:
-        # Made outside inference mode, where the first call may come from: an inference tensor could not be used
-        # by a later call that records autograd.
+    float64 and cast to ``dtype`` (:func:`constants`)."""
+    matrix = constants(("dct_matrix", n, dtype, torch.device(device)), lambda: dct_matrix(n, torch.float64, device))
+    return matrix.narrow(1, 0, columns).to(dtype)
+
+
+_CONSTANTS: dict[tuple, object] = {}
+
+
+def constants(key: tuple, build: Callable[[], object]):
+    """``build()``: the fixed tensors of a transform (its matrix, Makhoul's indices and weights). In eager runs kept
+    once per ``key``, made outside inference mode (the first call may come from it, and an inference tensor could
+    not serve a later call that records autograd); compiled or exported, made in the graph, which holds them as its
+    own constants rather than reading a dictionary of the module."""
+    if is_traced():
+        return build()
+    if key not in _CONSTANTS:
         with torch.inference_mode(False):
-            _TRANSFORM_MATRICES[key] = dct_matrix(n, torch.float64, device).to(dtype)
-    return _TRANSFORM_MATRICES[key].narrow(1, 0, columns)
-
-
-def uses_pocketfft(x: torch.Tensor) -> bool:
-    """Whether :func:`dct` and :func:`idct` run through SciPy's pocketfft for tensors like ``x``: on the CPU, in
-    float32 or float64, outside ``torch.compile``, with SciPy installed."""
-    return (
-        scipy_fft is not None
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.float64)
-        and not torch.compiler.is_compiling()
-    )
+            _CONSTANTS[key] = build()
+    return _CONSTANTS[key]
 
 
 def _pocketfft(x: torch.Tensor, dim: int, size: int, inverse: bool) -> torch.Tensor:
@@ -144,51 +140,11 @@ class PocketfftTransform(torch.autograd.Function):
 
 
 def zero_padded(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
-    """x zero-padded at the end of ``dim`` to length ``n`` >= its length (x itself at that length).
-
-    Compiled or exported, always one pad op, whose size may be zero: a branch on the length, or the padding inside
-    ``torch.fft.rfft(x, n=n)``, would tie a graph traced with a dynamic length to one side of ``length < n``, and an
-    exported model (ONNX) to the example's length."""
-    if torch.compiler.is_compiling():
-        return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]])
+    """x zero-padded at the end of ``dim`` to length ``n`` >= its length (x itself at that length). Traced, the lengths
+    here are fixed (each group of sequences has its transform length, :class:`SequenceLayout`)."""
     if n == x.shape[dim]:
         return x
-    return torch.cat([x, x.new_zeros(*x.shape[:dim], n - x.shape[dim], *x.shape[dim + 1 :])], dim)
-
-
-def rfft_padded(x: torch.Tensor, n: int, dim: int, norm: str | None = None) -> torch.Tensor:
-    """``torch.fft.rfft(x, n=n, dim=dim, norm=norm)`` for n >= the length of x along ``dim``, padded by
-    :func:`zero_padded` when compiled or exported."""
-    if torch.compiler.is_compiling():
-        return torch.fft.rfft(zero_padded(x, dim, n), dim=dim, norm=norm)
-    return torch.fft.rfft(x, n=n, dim=dim, norm=norm)
-
-
-def _dct_by_fft(x: torch.Tensor) -> torch.Tensor:
-    """Orthonormal DCT-II along the last axis with one real FFT of the same length (Makhoul, 1980): the even-indexed
-    samples followed by the odd-indexed ones reversed, transformed, then rotated by ``exp(-i pi k / 2N)``."""
-    n = x.shape[-1]
-    v = torch.cat([x[..., ::2], x[..., 1::2].flip(-1)], dim=-1)
-    half = torch.fft.rfft(v, dim=-1)
-    # Full spectrum of the real signal v from its half: V[N - k] = conj(V[k]).
-    spectrum = torch.cat([half, half[..., 1 : (n + 1) // 2].flip(-1).conj()], dim=-1)
-    k = torch.arange(n, device=x.device, dtype=x.dtype)
-    out = (spectrum * torch.polar(torch.ones_like(k), -math.pi * k / (2 * n))).real * math.sqrt(2.0 / n)
-    return torch.cat([out[..., :1] / math.sqrt(2.0), out[..., 1:]], dim=-1)
-
-
-def _idct_by_fft(x: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`_dct_by_fft` (orthonormal DCT-III) along the last axis."""
-    n = x.shape[-1]
-    scaled = torch.cat([x[..., :1] * math.sqrt(2.0), x[..., 1:]], dim=-1) * math.sqrt(n / 2.0)
-    # V[k] = (X[k] - i X[N - k]) exp(i pi k / 2N), with X[N] = 0; only k <= N/2 is needed for irfft.
-    m = n // 2 + 1
-    k = torch.arange(m, device=x.device, dtype=x.dtype)
-    mirrored = torch.cat([torch.zeros_like(scaled[..., :1]), scaled.flip(-1)[..., : m - 1]], dim=-1)
-    spectrum = torch.complex(scaled[..., :m], -mirrored) * torch.polar(torch.ones_like(k), math.pi * k / (2 * n))
-    v = torch.fft.irfft(spectrum, n=n, dim=-1)
-    # Undo Makhoul's reordering: y[2j] = v[j], y[2j + 1] = v[n - 1 - j].
-    return torch.stack([v[..., : (n + 1) // 2], v.flip(-1)[..., : (n + 1) // 2]], dim=-1).flatten(-2)[..., :n]
+    return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, n - x.shape[dim]])
 
 
 def is_exporting() -> bool:
@@ -219,16 +175,34 @@ def is_traced() -> bool:
     return torch.compiler.is_compiling() or is_exporting() or torch.jit.is_tracing()
 
 
-def _makhoul_order(n: int) -> list[int]:
-    """Makhoul's reordering as an index: the even-indexed samples, then the odd-indexed ones reversed."""
-    return list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
+def makhoul_constants(n: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """The fixed tensors of :func:`makhoul_dct` and :func:`makhoul_idct` for length n (:func:`constants`): Makhoul's
+    reordering (the even-indexed samples, then the odd-indexed ones reversed) and its inverse, the index of each
+    output's spectrum sample (V[N - k] = conj(V[k]) for the upper half), the weights of its real and imaginary parts,
+    and the rotation of the inverse, computed in Python (a graph then holds them as constants, rather than ops the
+    exporter would trace and fold on every call)."""
+    return constants(("makhoul", n, dtype, torch.device(device)), lambda: _makhoul_constants(n, dtype, device))
 
 
-def _constant(values: list, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``values`` as a tensor on ``like``'s device (in ``like``'s dtype unless ``dtype``). Traced, a constant of the
-    graph: computed here in Python rather than by ops in the graph, which the exporter would trace, translate and
-    fold on every call of a transform."""
-    return torch.tensor(values, dtype=like.dtype if dtype is None else dtype, device=like.device)
+def _makhoul_constants(n: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    order = list(range(0, n, 2)) + list(range(1, n, 2))[::-1]
+    weights = []  # (n, 2): output k's weights of Re V[k] and Im V[k]; the mirror's imaginary part changes sign
+    for k in range(n):
+        angle, scale, sign = math.pi * k / (2 * n), math.sqrt((1.0 if k == 0 else 2.0) / n), -1 if k > n // 2 else 1
+        weights.append([math.cos(angle) * scale, math.sin(angle) * sign * scale])
+    half = n // 2 + 1
+    scales = [math.sqrt(float(n) if k == 0 else n / 2.0) for k in range(half)]
+    return {
+        "order": torch.tensor(order, device=device),
+        "inverse": torch.tensor(sorted(range(n), key=order.__getitem__), device=device),
+        "spectrum_index": torch.tensor([n - k if k > n // 2 else k for k in range(n)], device=device),
+        "weights": torch.tensor(weights, dtype=dtype, device=device),
+        "mirror_index": torch.tensor([n - k for k in range(half)], device=device),
+        "cos": torch.tensor([math.cos(math.pi * k / (2 * n)) * scales[k] for k in range(half)], dtype=dtype,
+                            device=device),
+        "sin": torch.tensor([math.sin(math.pi * k / (2 * n)) * scales[k] for k in range(half)], dtype=dtype,
+                            device=device),
+    }  # fmt: skip
 
 
 def _along(values: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -236,42 +210,34 @@ def _along(values: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
     return values.view(values.shape[0], *([1] * (x.dim() - 1 - dim)), *values.shape[1:])
 
 
-def _dct_in_graph(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """:func:`_dct_by_fft` along ``dim``, in the form an exported graph takes (``torch.export``, ONNX): Makhoul's
-    reordering as one gather, the real FFT along ``dim`` itself (no transposes), and output k as
+def makhoul_dct(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Orthonormal DCT-II along ``dim`` with one real FFT of the same length (Makhoul, 1980), in real arithmetic:
+    Makhoul's reordering as one gather, the real FFT along ``dim`` itself (no transposes), and output k as
     ``Re V[k] cos(pi k / 2N) + Im V[k] sin(pi k / 2N)``, scaled, with V[k] of the upper half read from its mirror
-    V[N - k] = conj(V[k]): one gather of the half spectrum's real and imaginary parts and one weighted sum, where
-    the complex steps (the full spectrum, the rotation, the real part) would each be several ops in real pairs."""
-    n = x.shape[dim]
-    half = torch.view_as_real(torch.fft.rfft(x.index_select(dim, _constant(_makhoul_order(n), x, torch.long)), dim=dim))
-    # (n, 2): the weights of each output's real and imaginary part; the mirror's imaginary part changes sign.
-    weights = []
-    for k in range(n):
-        angle, scale, sign = math.pi * k / (2 * n), math.sqrt((1.0 if k == 0 else 2.0) / n), -1 if k > n // 2 else 1
-        weights.append([math.cos(angle) * scale, math.sin(angle) * sign * scale])
-    spectrum = half.index_select(dim, _constant([n - k if k > n // 2 else k for k in range(n)], x, torch.long))
-    return (spectrum * _along(_constant(weights, x), x, dim)).sum(-1)
+    V[N - k] = conj(V[k]): one gather of the half spectrum's real and imaginary parts and one weighted sum, in the
+    ops that an exported graph (ONNX) has."""
+    constants = makhoul_constants(x.shape[dim], x.dtype, x.device)
+    half = torch.view_as_real(torch.fft.rfft(x.index_select(dim, constants["order"]), dim=dim))
+    spectrum = half.index_select(dim, constants["spectrum_index"])
+    return (spectrum * _along(constants["weights"], x, dim)).sum(-1)
 
 
-def _idct_in_graph(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
-    """The first ``length`` samples of :func:`_idct_by_fft` along ``dim``, in the form an exported graph takes: with
+def makhoul_idct(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """The first ``length`` samples of the orthonormal DCT-III (the inverse of :func:`makhoul_dct`) along ``dim``: with
     X[N] = 0 and a = pi k / 2N, the half spectrum ``V[k] = (X[k] - i X[N - k]) exp(i a)`` of Makhoul's reordered
     signal in real arithmetic (X[N - k] as one gather), its inverse real FFT along ``dim``, and the reordering undone
-    and the samples cut by one gather (a cut of its own, a view, would tie the graph to one side of length < N)."""
+    and the samples cut by one gather (a cut of its own, a view, would tie an exported graph to one side of
+    length < N)."""
     n = x.shape[dim]
-    m = n // 2 + 1
-    scales = [math.sqrt(float(n) if k == 0 else n / 2.0) for k in range(m)]
-    cos = _along(_constant([math.cos(math.pi * k / (2 * n)) * scales[k] for k in range(m)], x), x, dim)
-    sin = _along(_constant([math.sin(math.pi * k / (2 * n)) * scales[k] for k in range(m)], x), x, dim)
-    head = x.narrow(dim, 0, m)
+    constants = makhoul_constants(n, x.dtype, x.device)
+    cos, sin = _along(constants["cos"], x, dim), _along(constants["sin"], x, dim)
+    head = x.narrow(dim, 0, n // 2 + 1)
     # X[N - k]; at k = 0 the zero appended after the last sample, whatever its scale.
-    mirror = zero_padded(x, dim, n + 1).index_select(dim, _constant([n - k for k in range(m)], x, torch.long))
+    mirror = zero_padded(x, dim, n + 1).index_select(dim, constants["mirror_index"])
     spectrum = torch.complex(head * cos + mirror * sin, head * sin - mirror * cos)
     v = torch.fft.irfft(spectrum, n=n, dim=dim)
     # v[i] holds y[order[i]]: y is v read at the inverse permutation.
-    order = _makhoul_order(n)
-    inverse = sorted(range(n), key=order.__getitem__)
-    return v.index_select(dim, _constant(inverse, x, torch.long)[:length])
+    return v.index_select(dim, constants["inverse"][:length])
 
 
 def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> torch.Tensor:
@@ -279,7 +245,7 @@ def forward_transform(x: torch.Tensor, transform: str, n: int, dim: int = 1) -> 
     the real FFT (complex, n // 2 + 1 samples)."""
     if transform == "dct":
         return dct(x, dim, n)
-    return rfft_padded(x, n, dim, norm="ortho")
+    return torch.fft.rfft(zero_padded(x, dim, n), dim=dim, norm="ortho")
 
 
 def kernel_spectrum(kernel: torch.Tensor, transform: str, dim: int = 0) -> torch.Tensor:
@@ -312,7 +278,7 @@ def long_convolution(x: torch.Tensor, multiplier: torch.Tensor, transform: str, 
     length = x.shape[dim]
     if transform == "dct":
         return idct(dct(x, dim, n) * multiplier, dim, length)
-    spectrum = rfft_padded(x, n, dim) * multiplier
+    spectrum = torch.fft.rfft(zero_padded(x, dim, n), dim=dim) * multiplier
     return torch.fft.irfft(spectrum, n=n, dim=dim).narrow(dim, 0, length)
 
 
@@ -329,6 +295,14 @@ def gated_long_convolution(
     """The chain of order 1.5 of Sec. 3.3, ``s2 * (h * (s1 * v))``, with the long convolution of
     :func:`long_convolution` by ``multiplier`` in ``dtype``; ``s1 * v`` is cleared where ``mask`` (B, L, 1) is False."""
     return gated_convolution(s1, v, s2, lambda u: long_convolution(u, multiplier, transform, n), mask, dtype)
+
+
+def orchid_convolutions(s1, v, s2, kernel, x, residual, mask, transform: str, n: int, dtype) -> torch.Tensor:
+    """The long convolutions between the operator's projections: ``s2 * (h * (s1 * v))``, the chain of order 1.5 with
+    the multiplier ``kernel`` (:func:`gated_long_convolution`), plus ``h_res * x``, the residual long convolution of
+    the block input x with the multiplier ``residual`` (App. C.3; none where it is None)."""
+    y = gated_long_convolution(s1, v, s2, kernel, mask, transform, n, dtype)
+    return y if residual is None else y + long_convolution(x.to(dtype), residual, transform, n)
 
 
 def gated_convolution(
@@ -388,53 +362,38 @@ def long_convolution_2d(x: torch.Tensor, multiplier: torch.Tensor, transform: st
     return torch.fft.irfftn(torch.fft.rfftn(x, dim=GRID_AXES) * multiplier, s=x.shape[1:3], dim=GRID_AXES)
 
 
-# Without autograd, the operator mixes a long input a block of channels at a time: every step between its projections
-# acts on each channel alone, and a block whose (tokens, channels) tensors hold about this many numbers (2 MiB in
-# float32) stays in the CPU's caches, where the whole width's tensors do not (`scripts/benchmark.py --profile 1x4096`
-# shows the transforms, products and short convolutions gaining). Under autograd, blocks would only add copies.
+# Without autograd, the long convolutions of a long input run a block of channels at a time: they act on each channel
+# alone, and a block whose (tokens, channels) tensors hold about this many numbers (2 MiB in float32) stays in the
+# CPU's caches, where the whole width's tensors do not (`scripts/benchmark.py --profile 1x4096` shows the transforms
+# and products gaining). Under autograd, blocks would only add copies.
 CHANNEL_BLOCK_ELEMENTS = 2**19
 MIN_CHANNEL_BLOCK = 32
-ALL_CHANNELS = slice(None)
 
 
-def of_channels(x: torch.Tensor, channels: slice | torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """x's ``channels`` (a slice or an index) along ``dim``; x itself for ``ALL_CHANNELS``, without an indexing op
-    (an exported graph has no translation of one on a complex tensor)."""
-    return x if channels is ALL_CHANNELS else x[(slice(None),) * (dim % x.dim()) + (channels,)]
-
-
-def channel_blocks(channels: int, tokens: int) -> list[slice]:
-    """Consecutive ranges of ``channels`` for ``tokens`` positions per channel, each of about
-    ``CHANNEL_BLOCK_ELEMENTS`` numbers and at least ``MIN_CHANNEL_BLOCK`` channels; one range of all channels where
+def in_channel_blocks(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor | None) -> torch.Tensor:
+    """``fn(*tensors)``, where fn acts on each channel (the last axis of each tensor, None passed as it is) alone.
+    Without autograd and outside a traced graph, on blocks of at least ``MIN_CHANNEL_BLOCK`` channels whose part of
+    the first tensor holds about ``CHANNEL_BLOCK_ELEMENTS`` numbers, the results joined; on all channels at once where
     that would make fewer than four blocks, which would gain little."""
-    width = max(CHANNEL_BLOCK_ELEMENTS // tokens // MIN_CHANNEL_BLOCK * MIN_CHANNEL_BLOCK, MIN_CHANNEL_BLOCK)
-    if 4 * width > channels:
-        return [ALL_CHANNELS]
-    return [slice(start, min(start + width, channels)) for start in range(0, channels, width)]
+    first = tensors[0]
+    channels = first.shape[-1]
+    width = max(CHANNEL_BLOCK_ELEMENTS // max(first.numel() // channels, 1) // MIN_CHANNEL_BLOCK * MIN_CHANNEL_BLOCK,
+                MIN_CHANNEL_BLOCK)  # fmt: skip
+    if torch.is_grad_enabled() or is_traced() or 4 * width > channels:
+        return fn(*tensors)
+    blocks = range(0, channels, width)
+    return torch.cat([fn(*(t if t is None else t[..., i : i + width] for t in tensors)) for i in blocks], dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------
-# Masks and the order of padded rows
+# Sequences of a batch: the tokens the per-token layers see, and the groups mixed at each transform length
 # ---------------------------------------------------------------------------------------------
 
 
 def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """x with the positions where ``mask`` (B, L, 1, bool) is False set to zero. A selection, not a product, so that
-    NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
+    """x with the positions where ``mask`` (bool, broadcastable) is False set to zero. A selection, not a product,
+    so that NaN or inf at padded positions never reaches a real one (0 * NaN is NaN)."""
     return x if mask is None else x.masked_fill(~mask, 0.0)
-
-
-def packing_order(real: torch.Tensor) -> torch.Tensor:
-    """For each row of the boolean mask ``real`` (B, L), the positions of its real tokens in order followed by those
-    of its padding, (B, L): ``gather_rows(x, order)`` puts every row's real tokens first.
-
-    Each position's place in that order comes from running counts of real and padded positions, and the order is its
-    inverse, written by one scatter: a sort would do the same, but its stable form has no ONNX translation."""
-    real = real.bool()
-    count = real.sum(dim=1, keepdim=True)
-    place = torch.where(real, real.cumsum(dim=1) - 1, count + (~real).cumsum(dim=1) - 1)
-    positions = torch.arange(real.shape[1], device=real.device).expand_as(place)
-    return torch.empty_like(place).scatter_(1, place, positions)
 
 
 def transform_length(length: int, lengths: tuple[int, ...]) -> int:
@@ -443,124 +402,172 @@ def transform_length(length: int, lengths: tuple[int, ...]) -> int:
     return next((n for n in lengths if n >= length), lengths[-1])
 
 
+def packing_order(real: torch.Tensor) -> torch.Tensor:
+    """For each row of the boolean mask ``real`` (B, L), the positions of its real tokens in order followed by those
+    of its padding, (B, L). Each position's place in that order comes from running counts of real and padded
+    positions, and the order is its inverse, written by one scatter: a sort would do the same, but its stable form
+    has no ONNX translation."""
+    count = real.sum(dim=1, keepdim=True)
+    place = torch.where(real, real.cumsum(dim=1) - 1, count + (~real).cumsum(dim=1) - 1)
+    positions = torch.arange(real.shape[1], device=real.device).expand_as(place)
+    return torch.empty_like(place).scatter_(1, place, positions)
+
+
 @dataclass(frozen=True)
-class RowGroup:
-    """Rows of a batch mixed together at one transform length ``n``: ``rows`` (an index, or None for every row),
-    cropped to their first ``length`` positions, which hold all their real tokens. ``select`` (B,), where given, marks
-    the rows whose result this group gives: traced, every group runs on every row (see :class:`SequenceLayout`)."""
+class SequenceGroup:
+    """The sequences mixed together at transform length ``n``, as rows (G, L) of their tokens: ``index`` holds, for
+    each row and position, the place of its token among the layout's tokens, and the count of tokens (one past the
+    last) where the sequence has ended (or, traced, where the row is another group's); ``mask`` (G, L, 1) marks the
+    tokens. ``index`` None: every row of a batch without padding, the tokens being its rows, ``shape`` (B, L)."""
 
     n: int
-    length: int
-    rows: torch.Tensor | None = None
-    select: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    shape: tuple[int, int] | None = None
 
-    def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
-        """This group's part of x (B, L, ...): its rows, cropped to ``length`` positions (or fewer, where x has)."""
-        if x is None:
-            return None
-        return (x if self.rows is None else x.index_select(0, self.rows))[:, : self.length]
+    def take(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This group's rows (G, L, C) of ``tokens`` (T, C), zero beyond each sequence."""
+        if self.index is None:
+            return tokens.view(*self.shape, tokens.shape[-1])
+        rows = tokens.index_select(0, self.index.masked_fill(~self.mask[..., 0], 0).flatten())
+        return masked(rows.view(*self.index.shape, tokens.shape[-1]), self.mask)
 
 
 @dataclass(frozen=True)
 class SequenceLayout:
-    """Where the real tokens of a padded batch are, and at which transform length each row is mixed: computed once per
-    call from the attention mask (by ``OrchidModel`` for all its layers, or by an ``OrchidOperator`` called on its
-    own).
+    """Where the sequences of a batch are, computed once per call (by ``OrchidModel`` for all its layers, or by an
+    ``OrchidOperator`` called on its own): the tokens that the per-token layers (embeddings, projections, MLP, norms)
+    see, and the groups of sequences mixed at each transform length (:class:`SequenceGroup`).
 
-    Orchid mixes each sequence through a transform from position 0, so the same tokens give the same outputs only if
-    they start at position 0: rows padded on the left (or with holes) are gathered into ``order`` before mixing and
-    scattered back after. ``mask`` (B, L, 1, bool) marks the real positions in that order.
+    Each sequence is mixed at the shortest of the model's transform lengths that holds it, zero-padded to it and from
+    its first token, so that its output depends neither on the padding of its batch nor on the other sequences in
+    it, and its cost follows its own length. Eager, the tokens are the real tokens of a padded batch (``tokens``, their
+    places in the flattened batch; padding on either side, or none), or every token of sequences packed in a row
+    (``from_packed``); the groups are read from the sequences' lengths on the host, once, each cropped to its
+    longest sequence. Under ``torch.compile`` and ``torch.export``, where a graph cannot depend on values, the tokens
+    are every position of the batch (``real`` marks the real ones) and every transform length up to the one that
+    holds the padded length runs on every row, each row keeping its own (about twice the work of the longest, in one
+    graph, with fixed shapes inside): the same outputs at the real positions."""
 
-    Each row is mixed at the shortest of the model's transform lengths that holds its real tokens, so that its cost
-    follows its own length, and its output does not depend on the rest of the batch. ``groups`` are the rows of each
-    transform length (:class:`RowGroup`). Eager, they are read from the mask's row lengths on the host, and each
-    group is cropped to its longest row. Under ``torch.compile`` and ``torch.export``, where a graph cannot depend on
-    values, every transform length up to the one that holds the padded length runs on every row, and each row takes
-    the result of its own (about twice the work of the longest, in one graph); the rows are first zero-padded to
-    ``padded_length``, so that every shape inside is fixed whatever the input's length. A row's real tokens give the
-    same outputs either way: beyond them everything is zero."""
-
-    mask: torch.Tensor | None = None
-    order: torch.Tensor | None = None
-    groups: tuple[RowGroup, ...] = ()
-    padded_length: int | None = None
+    shape: tuple[int, int]
+    groups: tuple[SequenceGroup, ...]
+    tokens: torch.Tensor | None = None
+    real: torch.Tensor | None = None
 
     @classmethod
     def from_mask(
-        cls, attention_mask: torch.Tensor | None, lengths: tuple[int, ...], length: int | None = None
+        cls,
+        real: torch.Tensor | None,
+        lengths: tuple[int, ...],
+        shape: tuple[int, int],
+        device: torch.device,
+        rung_counts: torch.Tensor | None = None,
     ) -> SequenceLayout:
-        """The layout of a batch of ``length`` positions whose ``attention_mask`` (B, L) holds only 0 and 1 (checked
-        by the caller), for the transform lengths ``lengths`` (ascending). Eager, this reads values on the host once:
-        each row's count of real tokens, and whether every row's real tokens come first (then ``order`` is None);
-        compiled, the order is always taken (the identity for right padding)."""
-        if attention_mask is None:
-            if torch.compiler.is_compiling():
-                return cls(None, None, *traced_groups(None, length, lengths))
-            return cls(groups=(RowGroup(transform_length(length, lengths), length),))
-        real = attention_mask.bool()
-        length = real.shape[1]
-        counts = real.sum(dim=1)
-        if torch.compiler.is_compiling():
-            order = packing_order(real)
-            return cls(gather_rows(real, order).unsqueeze(-1), order, *traced_groups(counts, length, lengths))
-        packed = (real[:, 1:] <= real[:, :-1]).all(dim=1)
-        values = torch.cat([counts, packed.all().unsqueeze(0).long()]).tolist()  # the one read on the host
-        counts_list, in_order = values[:-1], bool(values[-1])
-        order = None if in_order else packing_order(real)
-        mask = real.unsqueeze(-1) if order is None else gather_rows(real, order).unsqueeze(-1)
-        return cls(mask, order, eager_groups(counts_list, length, lengths, real.device))
+        """The layout of a padded batch of ``shape`` (B, L) on ``device`` whose real positions ``real`` (B, L, bool)
+        marks (None: all), for the transform lengths ``lengths`` (ascending). ``rung_counts`` (B,): the lengths that
+        choose each row's transform length, where another sequence shares it (the operator's cross-conditioning); by
+        default the rows' own. Eager, this reads the rows' lengths on the host, once."""
+        if is_traced():
+            return cls.traced(real, lengths, shape, device, rung_counts)
+        batch, length = shape
+        if real is None and rung_counts is None:
+            return cls(shape, (SequenceGroup(transform_length(length, lengths), shape=shape),))
+        rows = torch.ones(shape, dtype=torch.bool, device=device) if real is None else real
+        counts = rows.sum(dim=1)
+        values = torch.cat([counts, counts if rung_counts is None else rung_counts]).tolist()  # the one host read
+        counts_list, rungs = values[:batch], [transform_length(max(count, 1), lengths) for count in values[batch:]]
+        if all(count == length for count in counts_list) and len(set(rungs)) == 1:
+            return cls(shape, (SequenceGroup(rungs[0], shape=shape),))
+        # Row after row, each row's real tokens in order; their count is known, so no second read on the host.
+        tokens = torch.nonzero_static(rows.flatten(), size=sum(counts_list)).squeeze(1)
+        starts = [sum(counts_list[:row]) for row in range(batch)]
+        return cls(shape, sequence_groups(starts, counts_list, rungs, device), tokens)
 
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, L, ...) with each row's real tokens first."""
-        return x if self.order is None else gather_rows(x, self.order)
+    @classmethod
+    def pair(cls, real, shape, source_real, source_shape, lengths, device) -> tuple[SequenceLayout, SequenceLayout]:
+        """The layouts of a batch and of another whose rows share its rows' transform lengths (the operator's
+        cross-conditioning, Remark 3.3): each row at the length that holds the longer of its two sequences."""
+        counts = [torch.full(size[:1], size[1], device=device) if mask is None else mask.sum(1)
+                  for mask, size in ((real, shape), (source_real, source_shape))]  # fmt: skip
+        longer = torch.maximum(*counts)
+        return (cls.from_mask(real, lengths, shape, device, longer),
+                cls.from_mask(source_real, lengths, source_shape, device, longer))  # fmt: skip
 
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """The inverse of :meth:`pack`: x back in the caller's order."""
-        return x if self.order is None else scatter_rows(x, self.order)
+    @classmethod
+    def from_packed(cls, starts: list[int], counts: list[int], lengths: tuple[int, ...], shape, device):
+        """The layout of sequences packed one after the other in a row of ``shape`` (1, T) (transformers' padding-free
+        batches), starting at ``starts`` with ``counts`` tokens each: every token is real."""
+        rungs = [transform_length(count, lengths) for count in counts]
+        return cls(shape, sequence_groups(starts, counts, rungs, device))
+
+    @classmethod
+    def traced(cls, real, lengths, shape, device, rung_counts=None) -> SequenceLayout:
+        """:meth:`from_mask` in a graph: every position a token, every transform length a row may need on every row
+        (those beyond the one holding the length left out where it is known when tracing), each row's tokens gathered
+        from the front by tensor ops (:func:`packing_order`), every group with its mask: whether a row fills its
+        transform length is then a tensor (:func:`fills_transform`), never a branch on a traced length."""
+        batch, length = shape
+        if isinstance(length, int):
+            lengths = tuple(n for n in lengths if n <= transform_length(length, lengths))
+        rows = torch.ones(batch, length, dtype=torch.bool, device=device) if real is None else real
+        counts = rows.sum(dim=1)
+        bounds = torch.tensor(lengths, device=device)
+        # The first length that holds each row: the count of shorter ones (searchsorted has no ONNX translation).
+        chooser = counts if rung_counts is None else rung_counts
+        rung = bounds[(chooser.clamp_min(1).unsqueeze(-1) > bounds).sum(-1).clamp_max(len(lengths) - 1)]
+        # A fixed width, at least the length: one pad op whatever the (maybe symbolic) length.
+        order = F.pad(packing_order(rows), [0, lengths[-1] - length])
+        start = (torch.arange(batch, device=device) * length).unsqueeze(1)
+        groups = []
+        for n in lengths:
+            mask = (torch.arange(n, device=device) < counts.unsqueeze(1)) & (rung == n).unsqueeze(1)
+            index = torch.where(mask, start + order[:, :n], batch * length)
+            groups.append(SequenceGroup(n, index, mask.unsqueeze(-1)))
+        return cls(shape, tuple(groups), real=None if real is None else real.unsqueeze(-1))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[0] * self.shape[1] if self.tokens is None else self.tokens.shape[0]
+
+    def gather(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """The tokens of x (B, L, ...): (1, T, ...), or x itself where every position is a token."""
+        if x is None or self.tokens is None:
+            return x
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.tokens).unsqueeze(0)
+
+    def restore(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`gather`: (B, L, C) with the tokens at their places and zeros at padded ones."""
+        if self.tokens is None:
+            return masked(tokens, self.real)
+        batch, length = self.shape
+        flat = tokens.reshape(-1, tokens.shape[-1])
+        return flat.new_zeros(batch * length, flat.shape[-1]).index_copy(0, self.tokens, flat).view(batch, length, -1)
+
+    def join(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The tokens (T, C) of each group's rows ``parts`` (G, L, C), in the order of ``groups``."""
+        if len(parts) == 1 and self.groups[0].index is None:
+            return parts[0].reshape(-1, parts[0].shape[-1])
+        total = self.num_tokens
+        out = parts[0].new_zeros(total + 1, parts[0].shape[-1])  # a last row for the places that hold no token
+        for group, part in zip(self.groups, parts):
+            out.index_add_(0, group.index.flatten(), part.flatten(0, 1))
+        return out.narrow(0, 0, total)
 
 
-def eager_groups(counts: list[int], length: int, lengths: tuple[int, ...], device) -> tuple[RowGroup, ...]:
-    """The rows of each transform length, from every row's count of real tokens: one group of all rows (no index)
-    where they share one."""
-    rungs = [transform_length(max(count, 1), lengths) for count in counts]
+def sequence_groups(starts: list[int], counts: list[int], rungs: list[int], device) -> tuple[SequenceGroup, ...]:
+    """The groups of sequences of ``counts`` tokens starting at ``starts`` among the tokens, by transform length
+    ``rungs``; each cropped to its longest sequence."""
+    total = sum(counts)
     groups = []
     for n in sorted(set(rungs)):
-        members = [row for row, rung in enumerate(rungs) if rung == n]
-        crop = min(max(max(counts[row] for row in members), 1), length)
-        rows = None if len(members) == len(rungs) else torch.tensor(members, device=device)
-        groups.append(RowGroup(n, crop, rows))
+        members = [index for index, rung in enumerate(rungs) if rung == n]
+        width = max(max(counts[index] for index in members), 1)
+        begin = torch.tensor([starts[index] for index in members], device=device).unsqueeze(1)
+        ends = torch.tensor([counts[index] for index in members], device=device).unsqueeze(1)
+        mask = torch.arange(width, device=device) < ends
+        index = torch.where(mask, begin + torch.arange(width, device=device), total)
+        groups.append(SequenceGroup(n, index, mask.unsqueeze(-1)))
     return tuple(groups)
-
-
-def traced_groups(counts: torch.Tensor | None, length, lengths: tuple[int, ...]) -> tuple[tuple[RowGroup, ...], int]:
-    """Every transform length that a row of ``length`` positions may need, each over every row cropped or padded to
-    it, selecting the rows whose own it is; and the length the rows are padded to first. With a length known when
-    tracing, the lengths beyond the one that holds it are left out; with a symbolic one (a dynamic axis of an
-    export), all of them run. ``counts``: each row's real tokens (None: every position is real)."""
-    if isinstance(length, int):
-        lengths = tuple(n for n in lengths if n <= transform_length(length, lengths))
-    if counts is None or len(lengths) == 1:
-        # One transform length holds every row; without a mask, each row is as long as the input.
-        if len(lengths) == 1 or isinstance(length, int):
-            return (RowGroup(lengths[-1], lengths[-1]),), lengths[-1]
-        counts = torch.full((1,), length)
-    bounds = torch.tensor(lengths, device=counts.device)
-    # The first length that holds each row: the count of shorter ones (searchsorted, which has no ONNX translation).
-    rung = bounds[(counts.clamp_min(1).unsqueeze(-1) > bounds).sum(-1).clamp_max(len(lengths) - 1)]
-    return tuple(RowGroup(n, n, select=rung == n) for n in lengths), lengths[-1]
-
-
-def gather_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``x[b, order[b]]`` for each row b of x (B, L, ...)."""
-    index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
-    return torch.gather(x, 1, index)
-
-
-def scatter_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`gather_rows`: ``out[b, order[b]] = x[b]``."""
-    index = order.view(*order.shape, *([1] * (x.dim() - 2))).expand(*order.shape, *x.shape[2:])
-    return torch.empty_like(x).scatter_(1, index, x)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -586,8 +593,6 @@ def short_convolution(
     pad = weight.shape[-1] // 2
     if pad == 0 or wrap is False:
         return depthwise_convolution(x, weight, bias, pad)
-    if isinstance(wrap, torch.SymBool):  # traced with a dynamic length: a tensor, so that both sides are kept
-        wrap = torch.full((1,), torch.sym_ite(wrap, 1, 0), dtype=torch.bool, device=x.device)
     if wrap is True:
         if pad > x.shape[1]:
             return depthwise_convolution(x, weight, bias, pad)

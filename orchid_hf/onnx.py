@@ -38,6 +38,7 @@ from .modeling import (
     OrchidOperator,
     OrchidPreTrainedModel,
 )
+from .modeling.orchid_layers import mask_rule
 
 # The outputs of each exportable class, in the order of the graph's outputs.
 OUTPUT_NAMES: dict[type, tuple[str, ...]] = {
@@ -108,20 +109,13 @@ RULES_KEY = "orchid_hf.input_rules"
 
 
 def input_rules(model: nn.Module) -> dict[str, tuple[int, int, str]]:
-    """The values the model accepts in each integer input, ``{name: (low, high, rule)}`` with ``low <= value <
-    high``, ``rule`` as the PyTorch model's own check states it."""
-    mask = {"attention_mask": (0, 2, "attention_mask must hold 1 for real tokens and 0 for padding")}
+    """The values the model accepts in each integer input of the graph, ``{name: (low, high, rule)}`` with ``low <=
+    value < high``: the rules the PyTorch model checks its inputs by (``OrchidModel.input_rules``, the operator's
+    ``mask_rule``), for the inputs the graph takes."""
     if isinstance(model, OrchidOperator):
-        return mask
-    config = model.config
-    if config.is_vision:
-        return {}
-    rules = {**mask, "input_ids": (0, config.vocab_size, f"input_ids must lie in [0, vocab_size={config.vocab_size})")}
-    if config.type_vocab_size > 0:
-        rules["token_type_ids"] = (
-            0, config.type_vocab_size, f"token_type_ids must lie in [0, type_vocab_size={config.type_vocab_size})"
-        )  # fmt: skip
-    return rules
+        return {"attention_mask": mask_rule()}
+    rules = model.base_model.input_rules()
+    return {name: rule for name, rule in rules.items() if name in input_names(model)}
 
 
 def length_rule(longest: int) -> str:

@@ -85,6 +85,14 @@ class MlmDataArguments:
     )  # fmt: skip
     max_seq_length: int = field(default=128, metadata={"help": "Tokens per training block ([CLS] and [SEP] included)."})
     mlm_probability: float = field(default=0.15, metadata={"help": "Share of the tokens that are masked."})
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Orchid only: each document is a sequence of its own (cut into pieces of at most "
+                          "--max_seq_length tokens), and the sequences of a batch are packed in one row with "
+                          "position_ids restarting at each, as DataCollatorWithFlattening packs them, instead of "
+                          "blocks cut from the stream of documents joined by [SEP]: no token is padding, and no "
+                          "sequence reads another."},
+    )  # fmt: skip
     max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training blocks."})
     max_eval_samples: int | None = field(
         default=None, metadata={"help": f"Use at most this many validation blocks ({STREAMED_EVAL_BLOCKS} streamed)."}
@@ -225,11 +233,30 @@ def block_packer(tokenizer, block_size: int, text_column: str):
     return pack
 
 
+def document_splitter(tokenizer, block_size: int, text_column: str):
+    """A batched ``map`` function for ``--padding_free``: each document as sequences ``[CLS] <at most block_size - 2
+    tokens> [SEP]``, one after the other, of every length (nothing dropped, nothing padded)."""
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    special_ids = set(tokenizer.all_special_ids)
+    content = block_size - 2
+
+    def split(batch: dict) -> dict:
+        texts = [text for text in batch[text_column] if text and text.strip()]
+        pieces = [[cls_id, *ids[i : i + content], sep_id]
+                  for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+                  for i in range(0, max(len(ids), 1), content)]  # fmt: skip
+        return {"input_ids": pieces, "special_tokens_mask": [[int(t in special_ids) for t in p] for p in pieces]}
+
+    return split
+
+
 def pack_dataset(dataset, tokenizer, block_size: int, text_column: str, data_args: MlmDataArguments | None = None):
-    """Blocks of ``block_size`` tokens from a dataset of documents (map-style or streamed)."""
+    """Blocks of ``block_size`` tokens from a dataset of documents (map-style or streamed); with ``--padding_free``,
+    each document's own sequences (:func:`document_splitter`)."""
     from datasets import IterableDataset
 
-    pack = block_packer(tokenizer, block_size, text_column)
+    padding_free = data_args is not None and data_args.padding_free
+    pack = (document_splitter if padding_free else block_packer)(tokenizer, block_size, text_column)
     if isinstance(dataset, IterableDataset):
         columns = list(dataset.features) if dataset.features is not None else [text_column]
         return dataset.map(pack, batched=True, batch_size=1000, remove_columns=columns)
@@ -240,7 +267,8 @@ def pack_dataset(dataset, tokenizer, block_size: int, text_column: str, data_arg
         remove_columns=dataset.column_names,
         num_proc=data_args.preprocessing_num_workers if data_args else None,
         load_from_cache_file=not (data_args and data_args.overwrite_cache),
-        desc=f"Packing blocks of {block_size} tokens",
+        desc=f"Splitting documents into sequences of at most {block_size} tokens" if padding_free else
+        f"Packing blocks of {block_size} tokens",
     )
 
 
@@ -261,6 +289,20 @@ class ReproducibleMLMCollator(DataCollatorForLanguageModeling):
         seed = (int.from_bytes(digest, "little") ^ self.mask_seed) % (2**63)
         self.generator = torch.Generator().manual_seed(seed)
         return super().torch_mask_tokens(inputs, special_tokens_mask=special_tokens_mask, offset_mapping=offset_mapping)
+
+
+@dataclass
+class PaddingFreeMLMCollator(ReproducibleMLMCollator):
+    """``--padding_free``: the sequences of a batch packed in one row with position_ids restarting at each (as
+    ``DataCollatorWithFlattening`` packs them), masked as :class:`ReproducibleMLMCollator` masks a batch."""
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        from transformers import DataCollatorWithFlattening
+
+        flat = DataCollatorWithFlattening()([{"input_ids": feature["input_ids"]} for feature in features])
+        special = torch.tensor([[flag for feature in features for flag in feature["special_tokens_mask"]]])
+        inputs, labels = self.torch_mask_tokens(flat["input_ids"].clone(), special_tokens_mask=special)
+        return {"input_ids": inputs, "position_ids": flat["position_ids"], "labels": labels}
 
 
 def preprocess_logits_for_metrics(logits, labels):
@@ -312,8 +354,6 @@ def build_mlm_model(model_args: MlmModelArguments, recipe: Recipe, data_args: Ml
         # A pretrained Orchid model is extended to the longer blocks (docs/model.md, "Context extension").
         logger.info(f"extending the model's context from {max_positions} to {data_args.max_seq_length} tokens")
         model.resize_position_embeddings(data_args.max_seq_length)
-        # The tokenizer saved beside the model truncates at the model's new length, not the checkpoint's.
-        tokenizer.model_max_length = data_args.max_seq_length
     return model
 
 
@@ -363,11 +403,17 @@ def build_trainer(parsed: ParsedArguments, callbacks=None) -> PretrainingRun:
 
     model = build_mlm_model(model_args, parsed.recipe, data_args, tokenizer)
     plan = plan_for_model(plan, model)
-    # Saved with the model: pipelines then truncate to what the model accepts.
+    # Saved with the model: pipelines then truncate to what the model accepts (an extended checkpoint's new length,
+    # not the length its tokenizer was saved with; a long model's, not a short tokenizer's).
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions:
-        tokenizer.model_max_length = min(tokenizer.model_max_length, max_positions)
-    collator = ReproducibleMLMCollator(
+        tokenizer.model_max_length = max_positions
+    if data_args.padding_free and not isinstance(model, OrchidPreTrainedModel):
+        raise ValueError(
+            f"--padding_free packs a batch's sequences in one row, which Orchid mixes apart; {type(model).__name__} "
+            "would mix them into each other: leave it out for this model"
+        )
+    collator = (PaddingFreeMLMCollator if data_args.padding_free else ReproducibleMLMCollator)(
         tokenizer=tokenizer, mlm_probability=data_args.mlm_probability, mask_seed=training_args.seed
     )
     if validation is None and training_args.eval_strategy != "no":
@@ -503,8 +549,10 @@ __all__ = [
     "MlmDataArguments",
     "MlmModelArguments",
     "PretrainingRun",
+    "PaddingFreeMLMCollator",
     "ReproducibleMLMCollator",
     "block_packer",
+    "document_splitter",
     "build_trainer",
     "main",
     "masked_lm_metrics",

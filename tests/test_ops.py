@@ -1,11 +1,13 @@
 """Each fast operation of modeling/orchid_ops.py against its plain reference (``*_ref``, written as the paper defines
 it), in float64, on every DCT backend; and the order that puts the real tokens of padded rows first."""
 
+import numpy as np
 import pytest
+import scipy.fft
 import torch
 from orchid_hf.modeling import orchid_ops
 from orchid_hf.modeling.orchid_ops import (
-    RowGroup,
+    SequenceGroup,
     SequenceLayout,
     dct,
     dct_ref,
@@ -16,32 +18,40 @@ from orchid_hf.modeling.orchid_ops import (
     kernel_spectrum,
     long_convolution,
     long_convolution_ref,
+    masked,
     packing_order,
     short_convolution,
     short_convolution_ref,
+    transform_length,
 )
 
 SHAPES = [(1, 1), (5, 5), (5, 8), (17, 32), (64, 64)]  # (length, transform length)
 
 
-@pytest.fixture(params=["matrix", "pocketfft", "torch"])
+@pytest.fixture(params=["matrix", "pocketfft", "fft"])
 def backend(request, monkeypatch):
-    """The DCT's three ways: a product with its matrix (short transforms), pocketfft (the CPU), torch's real FFT."""
-    if request.param != "matrix":
-        monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 0)
-    if request.param == "torch":
+    """The DCT's three backends (:func:`dct_backend`): a product with its matrix, pocketfft (the CPU), torch's real
+    FFT (Makhoul's algorithm), each made to serve every length."""
+    monkeypatch.setattr(orchid_ops, "MATRIX_DCT_MAX_LENGTH", 10**6 if request.param == "matrix" else 0)
+    if request.param == "fft":
         monkeypatch.setattr(orchid_ops, "scipy_fft", None)
-    assert orchid_ops.uses_pocketfft(torch.zeros(1, dtype=torch.float64)) == (request.param != "torch")
+    assert orchid_ops.dct_backend(torch.zeros(1, dtype=torch.float64), 64) == request.param
     return request.param
 
 
-@pytest.mark.parametrize("length,n", SHAPES)
-def test_dct_and_idct_equal_their_matrix_references(backend, length, n):
+@pytest.mark.parametrize("length,n", [*SHAPES, (100, 200), (129, 256), (300, 300)])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_dct_and_idct_equal_scipy_on_every_backend_along_any_axis(backend, length, n, dim):
+    """Each backend against SciPy in float64 (the matrix backend serves up to MATRIX_DCT_MAX_LENGTH points, the other
+    two beyond it): the DCT of x zero-padded to n, and the inverse cut back to x's length."""
     torch.manual_seed(0)
-    x = torch.randn(3, length, 4, dtype=torch.float64)
-    torch.testing.assert_close(dct(x, 1, n), dct_ref(x, 1, n), rtol=1e-12, atol=1e-12)
-    spectrum = torch.randn(3, n, 4, dtype=torch.float64)
-    torch.testing.assert_close(idct(spectrum, 1, length), idct_ref(spectrum, 1, length), rtol=1e-12, atol=1e-12)
+    x = torch.randn(*[length if axis == dim else 3 for axis in range(3)], dtype=torch.float64)
+    expected = scipy.fft.dct(x.numpy(), n=n, axis=dim, norm="ortho")
+    np.testing.assert_allclose(dct(x, dim, n).numpy(), expected, atol=1e-12, rtol=0)
+    spectrum = torch.from_numpy(expected)
+    inverse = scipy.fft.idct(expected, axis=dim, norm="ortho").take(range(length), axis=dim)
+    np.testing.assert_allclose(idct(spectrum, dim, length).numpy(), inverse, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(idct(spectrum, dim, length).numpy(), x.numpy(), atol=1e-12, rtol=0)
 
 
 def test_the_matrix_reference_is_orthonormal_and_inverts():
@@ -108,7 +118,7 @@ def test_short_convolution_equals_conv1d(wrap, kernel_size, length):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_packing_order_is_a_stable_sort_of_the_padding_and_the_layout_round_trips(seed):
+def test_packing_order_is_a_stable_sort_of_the_padding(seed):
     generator = torch.Generator().manual_seed(seed)
     mask = torch.rand(6, 11, generator=generator) < 0.6
     mask[0] = True  # no padding
@@ -116,27 +126,71 @@ def test_packing_order_is_a_stable_sort_of_the_padding_and_the_layout_round_trip
     mask[2, :7] = False  # left padding
     expected = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices
     assert torch.equal(packing_order(mask), expected)
-    layout = SequenceLayout.from_mask(mask.long(), (11,))
-    x = torch.randn(6, 11, 3, generator=generator)
-    packed = layout.pack(x)
-    for row in range(6):
-        count = int(mask[row].sum())
-        assert torch.equal(packed[row, :count], x[row][mask[row]])
-        assert torch.equal(layout.mask[row, :, 0], torch.arange(11) < count)
-    assert torch.equal(layout.unpack(packed), x)
 
 
-def test_a_layout_of_rows_padded_on_the_right_takes_no_order():
-    mask = torch.ones(3, 8, dtype=torch.long)
-    mask[1, 5:] = 0
-    layout = SequenceLayout.from_mask(mask, (8,))
-    assert layout.order is None and torch.equal(layout.mask[..., 0], mask.bool())
-    assert SequenceLayout.from_mask(None, (8,), 8) == SequenceLayout(groups=(RowGroup(8, 8),))
+def padded_mask(seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(6, 40, generator=generator) < 0.6
+    mask[0] = True  # no padding
+    mask[1, 4:] = False  # right padding
+    mask[2, :27] = False  # left padding
+    mask[3] = False
+    mask[3, 0] = True  # one token
+    return mask
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("traced", [False, True])
+def test_the_layout_gives_each_sequence_from_its_first_token_at_its_transform_length(seed, traced):
+    """Eager, the tokens are the real ones, row after row; traced, every position. Either way each group's rows are
+    its sequences' real tokens from position 0, zero after, each sequence in exactly one group (its own transform
+    length), and join and restore put every token back."""
+    mask = padded_mask(seed)
+    lengths = (8, 16, 40)
+    build = SequenceLayout.traced if traced else SequenceLayout.from_mask
+    layout = build(mask, lengths, tuple(mask.shape), torch.device("cpu"))
+    x = torch.randn(*mask.shape, 3, dtype=torch.float64)
+    tokens = layout.gather(x).reshape(-1, 3)
+    assert tokens.shape[0] == (mask.numel() if traced else int(mask.sum()))
+    seen = []
+    for group in layout.groups:
+        rows = group.take(tokens)
+        for row, index in zip(rows, group.index):
+            real = index < layout.num_tokens
+            if not real.any():
+                continue  # traced: a row of another group
+            count = int(real.sum())
+            assert torch.equal(real, torch.arange(len(index)) < count)
+            matches = [b for b in range(mask.shape[0]) if int(mask[b].sum()) == count
+                       and torch.equal(row[:count], x[b][mask[b]])]  # fmt: skip
+            assert matches and transform_length(count, lengths) == group.n
+            assert torch.equal(row[count:], torch.zeros_like(row[count:]))
+            seen.append(matches[0])
+    assert sorted(seen) == list(range(mask.shape[0]))
+    parts = [group.take(tokens) for group in layout.groups]
+    torch.testing.assert_close(layout.join(parts), masked(tokens, layout.real.reshape(-1, 1)) if traced else tokens)
+    torch.testing.assert_close(layout.restore(layout.gather(x)), masked(x, mask.unsqueeze(-1)))
+
+
+def test_a_batch_without_padding_is_its_own_tokens_and_one_group():
+    layout = SequenceLayout.from_mask(torch.ones(3, 8, dtype=torch.bool), (8, 16), (3, 8), torch.device("cpu"))
+    assert layout.tokens is None and len(layout.groups) == 1 and layout.groups[0].index is None
+    x = torch.randn(3, 8, 2)
+    assert layout.gather(x) is x and layout.restore(x) is x
+    assert SequenceLayout.from_mask(None, (8,), (3, 8), torch.device("cpu")).groups == (SequenceGroup(8, shape=(3, 8)),)
+
+
+def test_packed_sequences_are_mixed_apart():
+    layout = SequenceLayout.from_packed([0, 5, 7], [5, 2, 30], (8, 16, 40), (1, 37), torch.device("cpu"))
+    tokens = torch.arange(37, dtype=torch.float64).unsqueeze(-1)
+    rows = {group.n: group.take(tokens)[..., 0] for group in layout.groups}
+    assert rows[8].tolist() == [[0, 1, 2, 3, 4], [5, 6, 0, 0, 0]]
+    assert rows[40].tolist() == [list(range(7, 37))]
 
 
 def test_a_first_transform_under_inference_mode_leaves_later_training_calls_working():
     """The DCT matrices are kept between calls; one first made under torch.inference_mode() must serve autograd."""
-    orchid_ops._TRANSFORM_MATRICES.clear()
+    orchid_ops._CONSTANTS.clear()
     x = torch.randn(2, 24, 3)
     with torch.inference_mode():
         expected = dct(x, 1)

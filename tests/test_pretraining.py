@@ -11,11 +11,13 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, TrainerCallback
 
-from experiments.synthetic_text import make_corpus
+from orchid_hf.demo_data import make_corpus
 from orchid_hf.hub import HubUnavailableError
 from orchid_hf.pretraining import (
+    PaddingFreeMLMCollator,
     ReproducibleMLMCollator,
     block_packer,
+    document_splitter,
     build_trainer,
     main,
     parse_args,
@@ -359,3 +361,84 @@ def test_pretraining_from_a_checkpoint_at_longer_blocks_extends_its_context(corp
     assert (config["max_position_embeddings"], config["transform_lengths"], config["filter_lag_scale"]) == (
         96, [32, 96], 32)
     assert OrchidForMaskedLM.from_pretrained(longer).get_position_embeddings().num_embeddings == 96
+
+
+def test_a_one_step_run_shortens_the_warm_up_that_would_take_every_step(corpus, tmp_path):
+    """The recipe's 6% warm-up rounds up to the one step of --max_steps 1, where transformers' polynomial schedule
+    would divide by the steps left after it: the warm-up leaves one step."""
+    results = main(tiny_args(corpus, tmp_path / "one", "--max_steps", "1", "--eval_strategy", "no",
+                             "--save_strategy", "no"))  # fmt: skip
+    assert results["train"]["train_loss"] > 0
+
+
+@pytest.mark.slow
+def test_an_extended_checkpoint_saves_a_tokenizer_that_truncates_at_the_new_length(corpus, tmp_path):
+    from transformers import AutoTokenizer
+
+    main(tiny_args(corpus, tmp_path / "short", "--max_steps", "2", "--eval_strategy", "no", "--save_strategy", "no"))
+    main([
+        "--model_name_or_path", str(tmp_path / "short"), "--train_file", str(corpus / "train.txt"),
+        "--max_seq_length", "96", "--output_dir", str(tmp_path / "longer"), "--max_steps", "1",
+        "--per_device_train_batch_size", "2", "--use_cpu", "--eval_strategy", "no", "--save_strategy", "no",
+        "--disable_tqdm", "True", "--cache_dir", str(tmp_path / "cache"),
+    ])  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "longer")
+    assert tokenizer.model_max_length == 96
+    text = " ".join(["word"] * 200)
+    assert len(tokenizer(text, truncation=True)["input_ids"]) == 96
+
+
+def test_padding_free_sequences_are_each_document_cut_at_the_block_size(corpus):
+    """--padding_free: each document's tokens, in order, as [CLS] ... [SEP] sequences of at most the block size;
+    nothing dropped, nothing padded."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(corpus / "tokenizer")
+    docs = make_corpus(6, seed=4)
+    split = document_splitter(tokenizer, 16, "text")({"text": [*docs, "", "  "]})
+    pieces, content = iter(split["input_ids"]), []
+    for doc in docs:
+        ids = tokenizer(doc, add_special_tokens=False)["input_ids"]
+        got = []
+        while len(got) < len(ids):
+            piece = next(pieces)
+            assert 3 <= len(piece) <= 16 and piece[0] == tokenizer.cls_token_id and piece[-1] == tokenizer.sep_token_id
+            got += piece[1:-1]
+        content.append(got)
+        assert got == ids
+    assert next(pieces, None) is None
+    specials = (tokenizer.cls_token_id, tokenizer.sep_token_id)
+    assert all(mask == [int(t in specials) for t in ids]
+               for ids, mask in zip(split["input_ids"], split["special_tokens_mask"], strict=True))  # fmt: skip
+
+
+def test_padding_free_collator_packs_one_row_with_restarting_positions_and_bert_masking(corpus):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(corpus / "tokenizer")
+    split = document_splitter(tokenizer, 16, "text")({"text": make_corpus(4, seed=5)})
+    features = [{"input_ids": ids, "special_tokens_mask": mask}
+                for ids, mask in zip(split["input_ids"], split["special_tokens_mask"], strict=True)]  # fmt: skip
+    collator = PaddingFreeMLMCollator(tokenizer=tokenizer, mlm_probability=0.5, mask_seed=0)
+    batch = collator(features)
+    lengths = [len(f["input_ids"]) for f in features]
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, sum(lengths))
+    assert batch["position_ids"][0].tolist() == [i for n in lengths for i in range(n)]
+    flat = torch.tensor([t for f in features for t in f["input_ids"]])
+    labelled = batch["labels"][0] != -100
+    assert labelled.any() and (batch["labels"][0][labelled] == flat[labelled]).all()
+    assert not labelled[torch.tensor([m for f in features for m in f["special_tokens_mask"]], dtype=torch.bool)].any()
+    assert (batch["input_ids"][0][~labelled] == flat[~labelled]).all()  # unlabelled tokens are left as they are
+
+
+@pytest.mark.slow
+def test_padding_free_pretraining_runs_for_orchid_and_is_refused_for_bert(corpus, tmp_path):
+    results = main(tiny_args(corpus, tmp_path / "free", "--max_steps", "2", "--eval_strategy", "steps",
+                             "--eval_steps", "2", "--save_strategy", "no", "--padding_free", "True"))  # fmt: skip
+    assert results["train"]["train_loss"] > 0 and 0.0 <= results["eval"]["eval_masked_accuracy"] <= 1.0
+    bert = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=32"
+    args = tiny_args(corpus, tmp_path / "bert", "--max_steps", "1", "--eval_strategy", "no", "--save_strategy", "no",
+                     "--padding_free", "True")  # fmt: skip
+    args[args.index("--config_overrides") + 1] = bert
+    with pytest.raises(ValueError, match="--padding_free packs a batch's sequences in one row.*BertForMaskedLM"):
+        main([*args, "--model_type", "bert"])

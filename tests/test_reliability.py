@@ -418,7 +418,10 @@ def test_text_heads_refuse_what_an_encoder_without_heads_cannot_do(head):
         model(**inputs, head_mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"encoder_hidden_states: Orchid is an encoder"):
         model(**inputs, encoder_hidden_states=torch.randn(2, 6, 32))
-    with pytest.raises(ValueError, match=r"cu_seq_lens_q: Orchid takes padded batches"):
+    packed_rule = (r"gives one output per sequence" if head is OrchidForSequenceClassification else
+                   r"sequences packed in one row \(cu_seq_lens_q, cu_seq_lens_k, seq_idx\) come as a batch of one row "
+                   r"without attention_mask; got a batch of 2 with an attention_mask")  # fmt: skip
+    with pytest.raises(ValueError, match=packed_rule):
         model(**inputs, cu_seq_lens_q=torch.tensor([0, 3, 6]))
 
 
@@ -585,7 +588,7 @@ BAD_FIELD_VALUES = {
     "chunk_size_feed_forward": (2.5, "chunk_size_feed_forward must be a non-negative integer"),
     "mlp_type": ("gated", "mlp_type must be one of"),
     "classifier_pooling": ("max", "classifier_pooling must be one of"),
-    "hidden_act": ("gelux", "hidden_act='gelux' is not an activation"),
+    "hidden_act": ("gelux", "hidden_act must be an activation transformers knows"),
     "hidden_dropout_prob": (1.5, "hidden_dropout_prob must be in"),
     "layer_norm_eps": (-1.0, "layer_norm_eps must be a finite number > 0"),
     "initializer_range": (float("nan"), "initializer_range must be a finite number > 0"),
