@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # version for tests/test_transformers_common.py.
 TRANSFORMERS_TESTS := .cache/transformers-tests
 
-.PHONY: demo test test-fast lint benchmark clean transformers-tests
+.PHONY: demo test test-library test-research test-fast lint benchmark clean transformers-tests
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,12 +25,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-test: $(STAMP) lint transformers-tests
-	$(PY) -m pytest -q tests
+# Two tiers, both must pass: the library's tests, then the research code's (tests marked `research` by
+# tests/conftest.py: benchmarks/, experiments/ and their scripts).
+test: test-library test-research
+
+# transformers-tests fetched the common model tests: their file must not skip for want of them.
+test-library: $(STAMP) lint transformers-tests
+	ORCHID_REQUIRE_TRANSFORMERS_TESTS=1 $(PY) -m pytest -q -m "not research" tests
+
+test-research: $(STAMP) lint
+	$(PY) -m pytest -q -m research tests
 
 # The quick loop while editing: everything but the tests marked slow (subprocesses, recipes end to end, training).
 test-fast: $(STAMP) lint transformers-tests
-	$(PY) -m pytest -q -m "not slow" tests
+	ORCHID_REQUIRE_TRANSFORMERS_TESTS=1 $(PY) -m pytest -q -m "not slow" tests
 
 transformers-tests: $(STAMP)
 	@version=$$($(PY) -c "import transformers; print(transformers.__version__)"); \

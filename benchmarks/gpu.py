@@ -34,7 +34,6 @@ import copy
 import dataclasses
 import functools
 import gc
-import importlib.metadata
 import json
 import math
 import os
@@ -54,7 +53,17 @@ import torch
 from torch import nn
 
 from benchmarks.candidates import AttentionBlock, build_model, build_operator, make_step
-from benchmarks.measure import git_commit, machine_info
+from benchmarks.harness import (
+    check_at_least,
+    commit_text,
+    machine_text,
+    peak_bytes,
+    predicted_seconds,
+    provenance,
+    table_lines,
+    timed_call,
+    write_text_atomically,
+)
 from benchmarks.settings import parse_lengths, parse_names, parse_shapes
 from benchmarks.source_tree import import_orchid_hf
 
@@ -67,8 +76,6 @@ TOTAL_BUDGET_S = 455.0
 TINY_BUDGETS = {"correctness": 120.0, "training": 60.0, "speed": 120.0, "recall": 8.0}
 TINY_TOTAL_BUDGET_S = 400.0
 JSON_NAME, MARKDOWN_NAME = "gpu_check.json", "gpu_check.md"
-PACKAGES = ("torch", "transformers", "accelerate", "triton", "scipy", "numpy", "safetensors", "tokenizers",
-            "huggingface_hub")  # fmt: skip
 
 
 def hard_stop_grace(budget_s: float) -> float:
@@ -174,18 +181,12 @@ class Report:
 
     def save(self) -> None:
         self.data["updated"] = now_utc()
-        write_atomically(self.out / JSON_NAME, json.dumps(self.data, indent=1, default=str))
+        write_text_atomically(self.out / JSON_NAME, json.dumps(self.data, indent=1, default=str))
         try:
             markdown = render_markdown(self.data)
         except Exception:  # the JSON holds everything; a rendering bug must not lose it
             markdown = f"# GPU check\n\nThe report could not be rendered:\n\n```\n{traceback.format_exc()}```\n"
-        write_atomically(self.out / MARKDOWN_NAME, markdown)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+        write_text_atomically(self.out / MARKDOWN_NAME, markdown)
 
 
 def now_utc() -> str:
@@ -410,20 +411,6 @@ def compile_model(model: nn.Module, settings: CheckSettings) -> nn.Module:
     for layer in encoder_layers(model):
         layer.compile(**options)
     return model
-
-
-def timed_call(step: Callable[[], None], device: torch.device) -> float:
-    """Seconds of one call: CUDA events around it on a GPU, the wall clock elsewhere."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    began = time.perf_counter()
-    step()
-    return time.perf_counter() - began
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -875,20 +862,17 @@ SPEED_PARTS = (("operator", 0.25), ("model", 0.45), ("compiled", 0.30))
 
 
 class Series:
-    """The points of one candidate in one dtype and mode, by growing size: what the last one took, and why the
+    """The points of one candidate in one dtype and mode, by growing size: what each measured point took, and why the
     series stopped (out of memory, predicted too slow, an error), after which its larger points are skipped."""
 
     def __init__(self):
-        self.last: tuple[int, int, float] | None = None  # (batch, length, seconds per call)
+        self.points: list[tuple[int, int, float]] = []  # (batch, length, seconds per call)
         self.first_call_s = 0.0  # the last point's first call: with torch.compile, its compilation
         self.stopped: str | None = None
 
     def predict(self, batch: int, length: int, growth: float) -> float | None:
         """Seconds per call at (batch, length), from the last point, growing as ``length ** growth``."""
-        if self.last is None:
-            return None
-        last_batch, last_length, seconds = self.last
-        return seconds * (batch / last_batch) * (length / last_length) ** growth
+        return predicted_seconds(self.points, batch, length, exponent=growth)
 
 
 def measure_point(step: Callable[[], None], device: torch.device, repeats: int, deadline: float) -> dict:
@@ -898,16 +882,19 @@ def measure_point(step: Callable[[], None], device: torch.device, repeats: int, 
     first = timed_call(step, device)
     if first < 2.0:
         timed_call(step, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
     times = []
-    for index in range(repeats if first < 1.0 else min(repeats, 3)):
-        if index and time.monotonic() > deadline:
-            break
-        times.append(timed_call(step, device))
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if device.type == "cuda" else None
+
+    def timed_calls() -> None:
+        for index in range(repeats if first < 1.0 else min(repeats, 3)):
+            if index and time.monotonic() > deadline:
+                break
+            times.append(timed_call(step, device))
+
+    peak = None
+    if device.type == "cuda":
+        peak = peak_bytes(timed_calls, device) / 2**20
+    else:  # the CPU's peak would need the profiler, which would slow the timed calls
+        timed_calls()
     return {"median_ms": 1e3 * statistics.median(times), "times_ms": [round(1e3 * t, 3) for t in times],
             "first_call_s": round(first, 3), "peak_mib": None if peak is None else round(peak, 1)}
 
@@ -943,8 +930,9 @@ class SpeedRun:
             point["skipped"] = "the part's share of the stage's budget ran out"
         elif predicted is not None and overhead + predicted * (repeats + 2) > deadline - time.monotonic():
             compiling = f" and {overhead:.0f} s to compile" if overhead else ""
-            series.stopped = point["skipped"] = (f"predicted {predicted:.2f} s per call from ({series.last[0]}, "
-                                                 f"{series.last[1]}){compiling}: more than the part's time left")
+            last_batch, last_length, _ = series.points[-1]
+            series.stopped = point["skipped"] = (f"predicted {predicted:.2f} s per call from ({last_batch}, "
+                                                 f"{last_length}){compiling}: more than the part's time left")
         else:
             wrapped = Autocast(module, self.device.type) if dtype == "bf16 autocast" else module
             step = inputs = None
@@ -955,7 +943,7 @@ class SpeedRun:
                     inputs = torch.randint(1, module.config.vocab_size, (batch, length), device=self.device)
                 step = make_step(wrapped, mode, inputs, is_model=part != "operator")
                 point.update(measure_point(step, self.device, repeats, deadline))
-                series.last = (batch, length, point["median_ms"] / 1e3)
+                series.points.append((batch, length, point["median_ms"] / 1e3))
                 series.first_call_s = point["first_call_s"]
             except Exception as error:  # recorded; this series stops, the others go on
                 reason = "out of memory" if is_out_of_memory(error) else f"error: {error!r}"[:300]
@@ -1149,25 +1137,25 @@ def render_markdown(data: dict) -> str:
     lines = [
         "# Orchid on a GPU: correctness, bf16 training, speed and associative recall",
         "",
-        f"Command: `{data.get('command')}`; commit {data.get('commit')}; started {data.get('started')}, last written "
-        f"{data.get('updated')}{'' if data.get('finished') else ' (the run had not finished)'}.",
+        f"Command: `{data.get('command')}`; {commit_text(data)}"
+        f"{' (no git here: pass --commit)' if data.get('commit') is None else ''}; started {data.get('started')}, "
+        f"last written {data.get('updated')}{'' if data.get('finished') else ' (the run had not finished)'}.",
         "",
         f"Machine: {machine.get('device')} ({gpu.get('memory_gib', '?')} GiB, compute capability "
-        f"{gpu.get('capability', '?')}), CUDA {machine.get('cuda')}, {machine.get('Model name', '')} "
-        f"({machine.get('cpu_count')} CPUs); "
-        + ", ".join(f"{name} {version}" for name, version in data.get("versions", {}).items() if version)
+        f"{gpu.get('capability', '?')}), CUDA {machine.get('cuda')}; host {machine_text(machine)}; "
+        + ", ".join(f"{name} {version}" for name, version in machine.get("versions", {}).items() if version)
         + f"; Python {machine.get('python')}. orchid_hf: {data.get('orchid_hf_source')}.",
         "",
     ]
     if data.get("import_error"):
         lines += ["orchid_hf could not be imported:", "", "```", data["import_error"].rstrip(), "```", ""]
-    lines += ["| stage | status | seconds | budget s |", "|---|---|---|---|"]
+    rows = []
     for name, record in data.get("stages", {}).items():
         status = record.get("status", "not run")
         if record.get("reason"):
             status += f" ({record['reason']})"
-        lines.append(f"| {name} | {status} | {record.get('seconds', '')} | {record.get('budget_s', '')} |")
-    lines.append("")
+        rows.append([name, status, record.get("seconds", ""), record.get("budget_s", "")])
+    lines += table_lines(["stage", "status", "seconds", "budget s"], rows) + [""]
     renderers = {"correctness": markdown_correctness, "training": markdown_training, "speed": markdown_speed,
                  "recall": markdown_recall}
     for name, record in data.get("stages", {}).items():
@@ -1195,24 +1183,23 @@ def markdown_correctness(results: dict) -> list[str]:
              + (results.get("tensorfloat32", "") and f"TensorFloat-32 {results['tensorfloat32']}."), ""]
     if "compile" in results:
         lines += [f"torch.compile: {results['compile']}", ""]
-    lines += ["| check | max abs | max rel | tolerance | passed |", "|---|---|---|---|---|"]
+    rows = []
     for check in checks:
         name = check["check"] + (f" (worst: {check['worst_parameter']})" if check.get("worst_parameter") else "")
         name += f" ({check['detail']})" if check.get("detail") else ""
-        lines.append(f"| {name} | {number(check['max_abs'])} | {number(check['max_rel'])} | "
-                     f"{number(check['tolerance'])} | {'yes' if check['passed'] else '**no**'} |")
-    return lines + [""]
+        rows.append([name, number(check["max_abs"]), number(check["max_rel"]), number(check["tolerance"]),
+                     "yes" if check["passed"] else "**no**"])
+    return lines + table_lines(["check", "max abs", "max rel", "tolerance", "passed"], rows) + [""]
 
 
 def markdown_training(results: dict) -> list[str]:
+    rows = [[name, f"{verdict['first']:.3f}", f"{verdict['last']:.3f}", verdict["falls"],
+             f"{verdict['last_minus_float32']:+.3f}", verdict["as_float32"], results.get("train_seconds", {}).get(name)]
+            for name, verdict in results.get("verdicts", {}).items()]  # fmt: skip
+    header = ["variant", "first loss", "last loss", "falls", "last - float32's", "as float32", "train seconds"]
     lines = [f"{results.get('model')}; batch {results.get('batch')}; {results.get('steps_done')} of "
              f"{results.get('planned_steps')} steps; {results.get('optimizer')}; task: {results.get('task')}.", "",
-             "| variant | first loss | last loss | falls | last - float32's | as float32 | train seconds |",
-             "|---|---|---|---|---|---|---|"]
-    for name, verdict in results.get("verdicts", {}).items():
-        lines.append(f"| {name} | {verdict['first']:.3f} | {verdict['last']:.3f} | {verdict['falls']} | "
-                     f"{verdict['last_minus_float32']:+.3f} | {verdict['as_float32']} | "
-                     f"{results.get('train_seconds', {}).get(name)} |")
+             *table_lines(header, rows)]
     lines += ["", "Loss curves (step: mean loss over the steps since the previous point):", ""]
     for name, curve in results.get("curves", {}).items():
         lines.append(f"- {name}: " + ", ".join(f"{step}: {loss:.3f}" for step, loss in curve))
@@ -1258,13 +1245,13 @@ def markdown_speed(results: dict) -> list[str]:
                 orchid = index.get(("operator", "orchid", dtype, mode, batch, length))
                 attention = index.get(("operator", "attention", dtype, mode, batch, length))
                 if orchid or attention:
-                    rows.append(f"| ({batch}, {length}) | {point_text(orchid)} | {point_text(attention)} | "
-                                f"{ratio(attention, orchid)} | {peak_text(orchid, attention)} |")
+                    rows.append([f"({batch}, {length})", point_text(orchid), point_text(attention),
+                                 ratio(attention, orchid), peak_text(orchid, attention)])
             if rows:
+                header = ["(B, L)", "Orchid ms", "attention ms", "speed-up", "peak MiB Orchid / attention"]
                 lines += [f"### Operator, {dtype}, {mode}", "",
                           f"{operator.get('orchid', 'Orchid')} against {operator.get('attention', 'attention')}.", "",
-                          "| (B, L) | Orchid ms | attention ms | speed-up | peak MiB Orchid / attention |",
-                          "|---|---|---|---|---|", *rows, ""]
+                          *table_lines(header, rows), ""]
     for dtype in DTYPES:
         for mode in MODES:
             rows = []
@@ -1273,15 +1260,14 @@ def markdown_speed(results: dict) -> list[str]:
                 compiled = index.get(("compiled", "orchid compiled", dtype, mode, batch, length))
                 bert = index.get(("model", "bert", dtype, mode, batch, length))
                 if orchid or bert or compiled:
-                    rows.append(f"| ({batch}, {length}) | {point_text(orchid)} | {point_text(compiled)} | "
-                                f"{point_text(bert)} | {ratio(bert, orchid)} | {ratio(bert, compiled)} | "
-                                f"{ratio(orchid, compiled)} | {peak_text(orchid, compiled, bert)} | "
-                                f"{number(compiled.get('first_call_s')) if compiled else '-'} |")
+                    rows.append([f"({batch}, {length})", point_text(orchid), point_text(compiled), point_text(bert),
+                                 ratio(bert, orchid), ratio(bert, compiled), ratio(orchid, compiled),
+                                 peak_text(orchid, compiled, bert),
+                                 number(compiled.get("first_call_s")) if compiled else "-"])
             if rows:
-                lines += [f"### Model, {dtype}, {mode}", "",
-                          "| (B, L) | Orchid ms | Orchid compiled ms | BERT ms | speed-up | speed-up compiled | "
-                          "compiled / eager speed-up | peak MiB Orchid / compiled / BERT | compiled: first call s |",
-                          "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+                header = ["(B, L)", "Orchid ms", "Orchid compiled ms", "BERT ms", "speed-up", "speed-up compiled",
+                          "compiled / eager speed-up", "peak MiB Orchid / compiled / BERT", "compiled: first call s"]
+                lines += [f"### Model, {dtype}, {mode}", "", *table_lines(header, rows), ""]
     notes = [p for p in points if p.get("skipped") or p.get("failed")]
     if notes:
         lines += ["Points not measured:", ""]
@@ -1292,17 +1278,17 @@ def markdown_speed(results: dict) -> list[str]:
 
 
 def markdown_recall(results: dict) -> list[str]:
-    lines = [f"Recipe: {results.get('recipe')}.", "",
-             "| vocabulary | length | steps done / planned | final accuracy | best accuracy | seconds | finished |",
-             "|---|---|---|---|---|---|---|"]
+    rows = []
     for run in results.get("runs", []):
         if "curve" not in run:
-            lines.append(f"| {run['vocab_size']} | {run['seq_len']} | - / {run.get('planned_steps', '-')} | - | - | "
-                         f"- | {run.get('skipped', 'not run')} |")
+            rows.append([run["vocab_size"], run["seq_len"], f"- / {run.get('planned_steps', '-')}", "-", "-", "-",
+                         run.get("skipped", "not run")])
             continue
-        lines.append(f"| {run['vocab_size']} | {run['seq_len']} | {run['steps_done']} / {run['planned_steps']} | "
-                     f"{100 * run['test_accuracy']:.1f}% | {100 * run['best_test_accuracy']:.1f}% | {run['seconds']} | "
-                     f"{run['finished']} |")
+        rows.append([run["vocab_size"], run["seq_len"], f"{run['steps_done']} / {run['planned_steps']}",
+                     f"{100 * run['test_accuracy']:.1f}%", f"{100 * run['best_test_accuracy']:.1f}%", run["seconds"],
+                     run["finished"]])
+    header = ["vocabulary", "length", "steps done / planned", "final accuracy", "best accuracy", "seconds", "finished"]
+    lines = [f"Recipe: {results.get('recipe')}.", "", *table_lines(header, rows)]
     lines += ["", "Held-out accuracy against steps:", ""]
     for run in results.get("runs", []):
         if run.get("curve"):
@@ -1317,27 +1303,6 @@ def markdown_recall(results: dict) -> list[str]:
 
 STAGE_FUNCTIONS = {"correctness": stage_correctness, "training": stage_training, "speed": stage_speed,
                    "recall": stage_recall}
-
-
-def versions() -> dict[str, str | None]:
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def machine(device: torch.device) -> dict:
-    info = machine_info(torch.get_num_threads(), device.type)
-    info["cuda"] = torch.version.cuda
-    if device.type == "cuda":
-        properties = torch.cuda.get_device_properties(device)
-        info["gpu"] = {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
-                       "capability": f"{properties.major}.{properties.minor}",
-                       "cudnn": torch.backends.cudnn.version()}
-    return info
 
 
 def parse_args(argv: list[str] | None = None) -> CheckSettings:
@@ -1405,16 +1370,13 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
             if value <= 0:
                 parser.error(f"--budget-{name} must be positive, got {value}")
             budgets[name] = value
-    for name in ("mlm_layers", "mlm_steps", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads")
     sizes = TINY_SIZES if args.tiny else GPU_SIZES
     command = " ".join(["python3 scripts/gpu_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
     return CheckSettings(
         out=Path(out), device=args.device, tiny=args.tiny, command=command,
         threads=args.threads or (1 if args.device == "cpu" else torch.get_num_threads()),
-        commit=args.commit or git_commit(),
+        commit=args.commit,
         stages=stages, budgets=budgets,
         total_budget_s=args.total_budget_s or (TINY_TOTAL_BUDGET_S if args.tiny else TOTAL_BUDGET_S),
         fail_stage=args.fail_stage,
@@ -1436,17 +1398,15 @@ def main(argv: list[str] | None = None, functions: dict[str, Callable[[Stage], N
     device = torch.device(settings.device)
     data = {
         "command": settings.command,
-        "commit": settings.commit or "unknown (no git here: pass --commit)",
+        **provenance(settings.threads, device, settings.commit),
         "started": now_utc(),
         "finished": False,
-        "versions": versions(),
-        "machine": machine(device),
         "settings": settings.to_json(),
         "stages": {name: {"status": "not run", "budget_s": settings.budgets[name], "results": {}}
                    for name in settings.stages},
     }
     print(f"GPU check: {data['machine'].get('device')}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"versions {data['versions']}", flush=True)
+          f"versions {data['machine']['versions']}", flush=True)
     report = Report(settings.out, data)
     report.save()
     try:

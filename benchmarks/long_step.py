@@ -7,20 +7,18 @@ The model is ``orchid-bert-base`` with ``max_position_embeddings`` = the length 
 dropout; the step is a forward, a backward of the head's loss and an AdamW step, on random token ids. What is
 reported: the peak resident set size of the step above the process's size before it (the model, its gradients and
 the optimizer state are there before, after one warm-up step at a short length), the time of the step, and the loss.
-A JSON file with the machine and versions is written beside the printed line.
+A JSON file with the commit, the machine and its versions is written beside the printed line.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.candidates import mlm_batch
-from benchmarks.measure import machine_info, rss_peak_bytes
+from benchmarks.harness import check_at_least, provenance, rss_peak_bytes, timed_call, write_json
 
 HEADS = ("masked-lm", "sequence-classification")
 
@@ -57,9 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", default="outputs/bench")
     args = parser.parse_args(argv)
-    for name in ("length", "layers", "threads"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least(parser, args, "--length", "--layers", "--threads")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build(args.head, args.length, args.layers, args.checkpointing)
@@ -68,17 +64,13 @@ def main(argv: list[str] | None = None) -> dict:
     result = {}
 
     def timed_step() -> None:
-        start = time.perf_counter()
-        result["loss"] = step(model, optimizer, args.head, args.length)
-        result["seconds"] = time.perf_counter() - start
+        result["seconds"] = timed_call(lambda: result.update(loss=step(model, optimizer, args.head, args.length)))
 
     result["rss_peak_bytes"] = rss_peak_bytes(timed_step)
     result.update(head=args.head, length=args.length, layers=args.layers, checkpointing=args.checkpointing,
-                  parameters=sum(p.numel() for p in model.parameters()), machine=machine_info(args.threads, "cpu"))
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+                  parameters=sum(p.numel() for p in model.parameters()), **provenance(args.threads))
     tag = f"{args.head}_{args.length}{'_checkpointing' if args.checkpointing else ''}"
-    (out_dir / f"long_step_{tag}.json").write_text(json.dumps(result, indent=1))
+    write_json(Path(args.out_dir) / f"long_step_{tag}.json", result)
     print(f"{args.head} at (1, {args.length}), {args.layers} layers, checkpointing {args.checkpointing}: "
           f"step {result['seconds']:.1f} s, peak RSS above the model and optimizer state "
           f"{result['rss_peak_bytes'] / 2**30:.2f} GiB, loss {result['loss']:.3f}", flush=True)

@@ -1,5 +1,5 @@
-"""Measuring: each candidate in a worker process of its own, called in interleaved rounds; time per call, peak
-memory, and what the machine was.
+"""Measuring the CPU benchmark's candidates: each in a worker process of its own, called in interleaved rounds, with
+the harness's timing and peak memory (``benchmarks/harness.py``).
 
 Each candidate lives in a worker process of its own, so that no candidate inherits another's memory allocator state
 (on the CPU, fresh pages of a large tensor cost about as much as the pass that fills them, and which tensors get fresh
@@ -20,14 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.candidates import CANDIDATES, REFERENCE, build_steps, load_modeling
+from benchmarks.harness import interleaved_times, peak_bytes, rss_peak_bytes, timed_call
 from benchmarks.settings import BenchmarkSettings
 
 # Calls up to this long are profiled a second time after timing, for the peak memory of later calls.
@@ -44,50 +40,6 @@ LATER_PEAK_MAX_CALL_S = 20.0
 REPO_ROOT = Path(__file__).resolve().parents[1]  # workers run ``python -m benchmarks.measure`` from here
 WORKER_MODULE = "benchmarks.measure"
 WORKER_REPLY = "@@benchmark-worker "  # the prefix of a worker's replies on its stdout
-
-
-def peak_bytes(fn: Callable[[], None], device: str) -> int:
-    """Peak tensor memory of one call above what existed before it: the CUDA allocator's peak statistic on a GPU, the
-    profiler's allocation events on the CPU."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        fn()
-        return torch.cuda.max_memory_allocated() - before
-    return profiled_peak_bytes(fn)
-
-
-def profiled_peak_bytes(fn: Callable[[], None]) -> int:
-    """Run fn once under the profiler; the peak of live tensor bytes it allocated (allocations minus frees)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def rss_peak_bytes(fn: Callable[[], None]) -> int:
-    """How far one call raises this process's peak resident set size above its size before the call."""
-    with open("/proc/self/clear_refs", "w") as clear:  # resets VmHWM to the current RSS
-        clear.write("5")
-    before = _status_kib("VmRSS")
-    fn()
-    return (_status_kib("VmHWM") - before) * 1024
 
 
 class WorkerState:
@@ -110,9 +62,7 @@ class WorkerState:
     def _then_optimizer(self, reply: dict) -> dict:
         """After a step of the train part, the optimizer step on its gradients, timed apart (``optimizer_s``)."""
         if self.optimizer_step is not None:
-            start = time.perf_counter()
-            self.optimizer_step()
-            reply["optimizer_s"] = time.perf_counter() - start
+            reply["optimizer_s"] = timed_call(self.optimizer_step, self.device)
         return reply
 
     def handle(self, request: dict) -> dict:
@@ -120,13 +70,11 @@ class WorkerState:
         if op == "build":
             return self.build(request["spec"])
         if op == "time":
-            start = time.perf_counter()
-            self.step()
-            return self._then_optimizer({"seconds": time.perf_counter() - start})
+            return self._then_optimizer({"seconds": timed_call(self.step, self.device)})
         if op == "profile":
-            start = time.perf_counter()
-            peak = peak_bytes(self.step, self.device)
-            return self._then_optimizer({"peak_bytes": peak, "seconds": time.perf_counter() - start})
+            peak = []
+            seconds = timed_call(lambda: peak.append(peak_bytes(self.step, self.device)), self.device)
+            return self._then_optimizer({"peak_bytes": peak[0], "seconds": seconds})
         if op == "rss":
             return {"rss_peak_bytes": rss_peak_bytes(self.step)}
         if op == "release":
@@ -227,24 +175,6 @@ class Workers(dict):
         self.clear()
 
 
-def interleaved_times(
-    steps: dict[str, Callable[[], float]], repeats: int, min_repeats: int, budget_s: float
-) -> dict[str, list[float]]:
-    """Seconds per call of each step (each returns the seconds its call took), timed in rounds of one call each;
-    stops after ``repeats`` rounds, or after ``min_repeats`` rounds once ``budget_s`` is spent. Each round starts with
-    the next step in turn, so that no step always runs right after the same other one."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    names = list(steps)
-    start = time.perf_counter()
-    for round_index in range(repeats if names else 0):  # none where every candidate at a point failed
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(steps[name]())
-        if round_index + 1 >= min_repeats and time.perf_counter() - start > budget_s:
-            break
-    return times
-
-
 def measure_point(workers: Workers, impls: list[str], spec: dict, settings: BenchmarkSettings) -> dict:
     """Build every candidate at one point in its worker, run its warm-up call under the profiler (peak memory), then
     time all of them in interleaved rounds. A candidate whose warm-up took longer than ``max_call_s`` is timed by that
@@ -274,13 +204,13 @@ def measure_point(workers: Workers, impls: list[str], spec: dict, settings: Benc
         else:
             timed[impl] = worker
 
-    def timed_call(impl: str, worker: Worker) -> float:
+    def time_worker(impl: str, worker: Worker) -> float:
         reply = worker.request("time")
         if "optimizer_s" in reply:
             out[impl].setdefault("optimizer_times_s", []).append(reply["optimizer_s"])
         return reply["seconds"]
 
-    steps = {impl: (lambda impl=impl, worker=worker: timed_call(impl, worker)) for impl, worker in timed.items()}
+    steps = {impl: (lambda impl=impl, worker=worker: time_worker(impl, worker)) for impl, worker in timed.items()}
     for impl, times in interleaved_times(steps, settings.repeats, settings.min_repeats,
                                           settings.point_budget_s).items():
         out[impl]["times_s"] = times
@@ -311,88 +241,6 @@ def math_attention_bytes(batch: int, heads: int, length: int, mode: str, itemsiz
     """L x L buffers of math attention: scores and probabilities (forward); twice that to train."""
     per_matrix = itemsize * batch * heads * length * length
     return per_matrix * (2 if mode == "forward" else 4)
-
-
-def fit_power_law(lengths: list[int], values: list[float]) -> tuple[float, float] | None:
-    """Least-squares fit of log(value) = exponent * log(L) + intercept; None with fewer than two points."""
-    points = [(math.log(n), math.log(v)) for n, v in zip(lengths, values) if v and v > 0]
-    if len(points) < 2:
-        return None
-    mean_x = statistics.fmean(p[0] for p in points)
-    mean_y = statistics.fmean(p[1] for p in points)
-    var = sum((p[0] - mean_x) ** 2 for p in points)
-    if var == 0:
-        return None
-    slope = sum((p[0] - mean_x) * (p[1] - mean_y) for p in points) / var
-    return slope, mean_y - slope * mean_x
-
-
-def machine_info(threads: int, device: str = "cpu") -> dict:
-    info = {
-        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": threads,
-        "cpu_count": os.cpu_count(),
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in lscpu.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L2 cache", "L3 cache", "Flags"):
-                value = value.strip()
-                if key.strip() == "Flags":
-                    value = " ".join(f for f in value.split() if f.startswith(("avx512f", "avx2", "fma")))
-                info[key.strip()] = value
-    except (OSError, subprocess.SubprocessError):
-        pass
-    # Allocator and threading settings change CPU timings (page faults of fresh allocations): record them.
-    info["environment"] = {k: v for k, v in os.environ.items()
-                           if k.startswith(("MALLOC_", "GLIBC_TUNABLES", "OMP_", "MKL_", "THP_", "LD_PRELOAD"))}
-    try:
-        info["memory_total_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError):
-        pass
-    return info
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), where git and a repository are there."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if status else "")
-
-
-def write_result(result: dict, out_dir: str | Path, stem: str, markdown: Callable[[dict], str]) -> None:
-    """A script's result as ``STEM.json`` and its tables as ``STEM.md`` in ``out_dir`` (made if missing); the tables
-    are printed too."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (out_dir / f"{stem}.md").write_text(text)
-    print(text)
-
-
-def load_average() -> float:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return float("nan")
-
-
 
 
 def tensor_leaves(values) -> list[torch.Tensor]:

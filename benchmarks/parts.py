@@ -25,14 +25,8 @@ import statistics
 from collections.abc import Callable
 
 from benchmarks.candidates import CANDIDATES, candidates_in
-from benchmarks.measure import (
-    Workers,
-    available_bytes,
-    fit_power_law,
-    load_average,
-    math_attention_bytes,
-    measure_point,
-)
+from benchmarks.harness import fit_power_law, load_average, predicted_seconds
+from benchmarks.measure import Workers, available_bytes, math_attention_bytes, measure_point
 from benchmarks.settings import BenchmarkSettings
 
 TRAIN_LEVELS = ("model", "operator")
@@ -44,10 +38,8 @@ def measured(records: list[dict]) -> list[dict]:
 
 
 def _predicted_time(records: list[dict], impl: str, mode: str, length: int) -> float | None:
-    own = sorted((r for r in measured(records) if r["impl"] == impl and r["mode"] == mode),
-                 key=lambda r: r["length"])[-3:]
-    fit = fit_power_law([r["length"] for r in own], [r["time_s"] for r in own])
-    return None if fit is None else math.exp(fit[1]) * length ** fit[0]
+    own = sorted((r for r in measured(records) if r["impl"] == impl and r["mode"] == mode), key=lambda r: r["length"])
+    return predicted_seconds([(r["batch"], r["length"], r["time_s"]) for r in own], 1, length)
 
 
 def run_operator_part(settings: BenchmarkSettings, workers: Workers, log: Callable[[str], None],

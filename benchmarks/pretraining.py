@@ -8,7 +8,7 @@ Each model runs the recipe's own code path (``orchid_hf.pretraining.main``: data
 recipe's optimizer, ``Trainer``'s loop, logging every step), in a process of its own, one after the other. The
 throughput counts the steps after ``--warmup_steps`` between the training clock's readings (``train_seconds`` of
 each step's log entry, which leaves evaluation out), so model building, data packing and the first steps' allocator
-warm-up are not in it. A JSON file with both runs and the machine is written to ``--out-dir``.
+warm-up are not in it. A JSON file with both runs, the commit and the machine is written to ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.measure import machine_info
+from benchmarks.harness import check_at_least, provenance, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The recipe's default model for Orchid (orchid-bert-base); BERT through --model_type bert is BertConfig's default,
@@ -99,11 +99,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", default="outputs/bench")
     args = parser.parse_args(argv)
-    for name in ("max_seq_length", "batch_size", "steps", "warmup_steps", "threads"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least(parser, args, "--max_seq_length", "--batch_size", "--steps", "--warmup_steps", "--threads")
     result = {"runs": {}, "settings": {k: v for k, v in vars(args).items() if k != "out_dir"},
-              "machine": machine_info(args.threads, "cpu")}
+              **provenance(args.threads)}
     with tempfile.TemporaryDirectory(prefix="pretraining-tokenizer-") as work_dir:
         tokenizer = tokenizer_folder(args.tokenizer_name, Path(work_dir))
         for model in MODELS:
@@ -115,8 +113,6 @@ def main(argv: list[str] | None = None) -> dict:
     ratio = result["runs"]["orchid"]["tokens_per_second"] / result["runs"]["bert"]["tokens_per_second"]
     result["orchid_over_bert"] = ratio
     print(f"Orchid / BERT tokens per second at {args.threads} thread(s): {ratio:.2f}x", flush=True)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"pretraining_throughput_{args.batch_size}x{args.max_seq_length}_threads{args.threads}.json"
-    path.write_text(json.dumps(result, indent=1))
+    write_json(Path(args.out_dir) / f"pretraining_throughput_{args.batch_size}x{args.max_seq_length}_threads"
+               f"{args.threads}.json", result)
     return result

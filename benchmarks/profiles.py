@@ -5,8 +5,6 @@ benchmark's own process, one candidate after the other."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -26,6 +24,7 @@ from benchmarks.candidates import (
     orchid_config,
     synchronizer,
 )
+from benchmarks.harness import median_seconds, table_lines, timed_call
 from benchmarks.measure import retained_bytes
 from benchmarks.settings import BenchmarkSettings
 
@@ -41,11 +40,11 @@ def profile_table(title: str, step: Callable[[], None], calls: int = 3, rows: in
             step()
     averages = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in averages)
-    lines = [f"### {title}: {total / 1e3 / calls:,.1f} ms per call", "",
-             "| op | ms per call | share | calls per call |", "|---|---|---|---|"]
-    for event in averages[:rows]:
-        lines.append(f"| {event.key} | {event.self_cpu_time_total / 1e3 / calls:,.2f} | "
-                     f"{100 * event.self_cpu_time_total / max(total, 1):.1f}% | {event.count // calls} |")
+    cells = [[event.key, f"{event.self_cpu_time_total / 1e3 / calls:,.2f}",
+              f"{100 * event.self_cpu_time_total / max(total, 1):.1f}%", event.count // calls]
+             for event in averages[:rows]]  # fmt: skip
+    lines = [f"### {title}: {total / 1e3 / calls:,.1f} ms per call", ""]
+    lines += table_lines(["op", "ms per call", "share", "calls per call"], cells)
     return "\n".join(lines + [""])
 
 
@@ -86,10 +85,7 @@ def op_times(step: Callable[[], None], calls: int) -> tuple[dict[str, float], fl
 
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        for _ in range(calls):
-            step()
-        wall = time.perf_counter() - start
+        wall = timed_call(lambda: [step() for _ in range(calls)])
     return {e.key: e.self_cpu_time_total / 1e3 / calls for e in prof.key_averages()}, wall * 1e3 / calls
 
 
@@ -111,15 +107,15 @@ def thread_scaling_table(impl: str, batch: int, length: int, settings: Benchmark
     title = (f"{CANDIDATES[impl].table_label('train_model')}, training step (forward + backward), {settings.layers} "
              f"layers, (B={batch}, L={length}): {wall_one:,.1f} ms at 1 thread, {wall_many:,.1f} ms at {n} "
              f"({wall_one / wall_many:.2f}x)")
-    lines = [f"### {title}", "",
-             f"| op | ms at 1 thread | ms at {n} | speed-up | ms over a perfect split | share of the {n}-thread step |",
-             "|---|---|---|---|---|---|"]
     total_many = sum(many.values())
+    cells = []
     for op in sorted(kept, key=kept.get, reverse=True)[:rows]:
         speed_up = f"{one[op] / many[op]:.2f}x" if many.get(op) else "-"
-        lines.append(f"| {op} | {one[op]:,.2f} | {many.get(op, 0.0):,.2f} | {speed_up} | {kept[op]:,.2f} | "
-                     f"{100 * many.get(op, 0.0) / max(total_many, 1e-9):.1f}% |")
-    return "\n".join(lines + [""])
+        cells.append([op, f"{one[op]:,.2f}", f"{many.get(op, 0.0):,.2f}", speed_up, f"{kept[op]:,.2f}",
+                      f"{100 * many.get(op, 0.0) / max(total_many, 1e-9):.1f}%"])
+    header = ["op", "ms at 1 thread", f"ms at {n}", "speed-up", "ms over a perfect split",
+              f"share of the {n}-thread step"]
+    return "\n".join([f"### {title}", "", *table_lines(header, cells), ""])
 
 
 def convolution_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
@@ -175,26 +171,15 @@ def flops_table(shapes: list[tuple[int, int]], settings: BenchmarkSettings, refe
     baseline = next(name for name in names if CANDIDATES[name].baseline)
     others = [name for name in names if name != baseline]
     label = CANDIDATES[baseline].table_label("train_model")
-    lines = [f"### Training-step GFLOPs (matrix products, convolutions, attention), {settings.layers} layers", "",
-             "| (B, L) | " + " | ".join(CANDIDATES[n].table_label("train_model") for n in names) + " | "
-             + " | ".join(f"{label} / {CANDIDATES[n].table_label('train_model')}" for n in others) + " |",
-             "|---|" + "---|" * (len(names) + len(others))]
+    header = ["(B, L)", *(CANDIDATES[n].table_label("train_model") for n in names)]
+    header += [f"{label} / {CANDIDATES[n].table_label('train_model')}" for n in others]
+    rows = []
     for batch, length in shapes:
         counts = {name: training_step_flops(name, batch, length, settings, reference) for name in names}
-        lines.append(f"| ({batch}, {length}) | " + " | ".join(f"{counts[n] / 1e9:,.1f}" for n in names) + " | "
-                     + " | ".join(f"{counts[baseline] / counts[n]:.2f}x" for n in others) + " |")
-    return "\n".join(lines + [""])
-
-
-def median_seconds(step: Callable[[], None], calls: int) -> float:
-    """The median wall time of ``calls`` calls of ``step``, after a warm-up call."""
-    step()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        rows.append([f"({batch}, {length})", *(f"{counts[n] / 1e9:,.1f}" for n in names),
+                     *(f"{counts[baseline] / counts[n]:.2f}x" for n in others)])
+    title = f"### Training-step GFLOPs (matrix products, convolutions, attention), {settings.layers} layers"
+    return "\n".join([title, "", *table_lines(header, rows), ""])
 
 
 def implicit_filter_cost(batch: int, length: int, settings: BenchmarkSettings, calls: int = 3) -> dict:
@@ -217,20 +202,22 @@ def implicit_filter_cost(batch: int, length: int, settings: BenchmarkSettings, c
                 implicit_filter.spectrum(compute_dtype)
         sync()
 
-    forward_s = median_seconds(forward, calls)
-    return dict(batch=batch, length=length, forward_s=forward_s, filters_s=median_seconds(filters_step, calls),
-                filters=len(filters))
+    forward_s = median_seconds(forward, calls, settings.device)
+    filters_s = median_seconds(filters_step, calls, settings.device)
+    return dict(batch=batch, length=length, forward_s=forward_s, filters_s=filters_s, filters=len(filters))
 
 
 def implicit_filter_table(shapes: list[tuple[int, int]], settings: BenchmarkSettings) -> str:
     """A Markdown table of :func:`implicit_filter_cost` at each shape."""
-    lines = [f"### The plain model's implicit filters, computed on every forward call ({settings.layers} layers)", "",
-             "| (B, L) | forward ms | the filters' kernels and multipliers ms | share |", "|---|---|---|---|"]
+    rows = []
     for batch, length in shapes:
         cost = implicit_filter_cost(batch, length, settings)
-        lines.append(f"| ({batch}, {length}) | {1e3 * cost['forward_s']:,.1f} | {1e3 * cost['filters_s']:,.1f} "
-                     f"({cost['filters']} filters) | {100 * cost['filters_s'] / cost['forward_s']:.1f}% |")
-    return "\n".join(lines + [""])
+        rows.append([f"({batch}, {length})", f"{1e3 * cost['forward_s']:,.1f}",
+                     f"{1e3 * cost['filters_s']:,.1f} ({cost['filters']} filters)",
+                     f"{100 * cost['filters_s'] / cost['forward_s']:.1f}%"])
+    header = ["(B, L)", "forward ms", "the filters' kernels and multipliers ms", "share"]
+    title = f"### The plain model's implicit filters, computed on every forward call ({settings.layers} layers)"
+    return "\n".join([title, "", *table_lines(header, rows), ""])
 
 
 def saved_bytes_per_layer(impl: str, batch: int, length: int, settings: BenchmarkSettings, reference=None) -> int:
@@ -244,6 +231,7 @@ def saved_bytes_per_layer(impl: str, batch: int, length: int, settings: Benchmar
         model = build_masked_lm(impl, settings.quick, length, reference, layers)
         model = model.to(settings.device, settings.dtype).train()
         input_ids, labels = mlm_batch(model.config.vocab_size, batch, length, settings.device)
+        model(input_ids=input_ids, labels=labels)  # what the first call caches (the DCT's matrices) is no activation
         totals.append(retained_bytes(model, input_ids=input_ids, labels=labels))
     return totals[1] - totals[0]
 
@@ -254,18 +242,16 @@ def saved_activations_table(shapes: list[tuple[int, int]], settings: BenchmarkSe
     import orchid_hf
 
     impls = ["orchid"] + ([REFERENCE] if reference is not None else []) + [baseline_of("train_model")]
-    lines = ["### Activations kept for backward, per layer", "",
-             "| (B, L) | " + " | ".join(f"{CANDIDATES[impl].table_label('train_model')} MiB (activations)"
-                                      for impl in impls) + " |",
-             "|---|" + "---|" * len(impls)]
+    header = ["(B, L)", *(f"{CANDIDATES[impl].table_label('train_model')} MiB (activations)" for impl in impls)]
+    rows = []
     for batch, length in shapes:
         activation = batch * length * orchid_config(orchid_hf, settings.quick, length).hidden_size
         cells = []
         for impl in impls:
             saved = saved_bytes_per_layer(impl, batch, length, settings, reference)
             cells.append(f"{saved / 2**20:,.1f} ({saved / (activation * torch.finfo(settings.dtype).bits // 8):.1f})")
-        lines.append(f"| ({batch}, {length}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines + [""])
+        rows.append([f"({batch}, {length})", *cells])
+    return "\n".join(["### Activations kept for backward, per layer", "", *table_lines(header, rows), ""])
 
 
 def profile_tables(settings: BenchmarkSettings, log: Callable[[str], None], show: bool = True) -> str:

@@ -14,7 +14,7 @@ from benchmarks.candidates import (
     baseline_of,
     candidates_in,
 )
-from benchmarks.measure import fit_power_law
+from benchmarks.harness import commit_text, fit_power_law, machine_text, table_lines
 from benchmarks.parts import TRAIN_LEVELS, measured
 from benchmarks.settings import BenchmarkSettings
 
@@ -131,10 +131,9 @@ def markdown_report(result: dict, settings: BenchmarkSettings) -> str:
     lines = [f"# Orchid benchmark ({result['tag'] or 'untagged'})", ""]
     machine = result["machine"]
     lines += [
-        f"Machine: {machine.get('Model name', '?')}, {machine.get('CPU(s)', '?')} CPUs, "
-        f"{machine.get('memory_total_gib', '?')} GiB; device {machine.get('device', 'cpu')}, {settings.dtype}; "
-        f"torch {machine['torch']} with {settings.threads} thread(s); "
-        f"transformers {machine.get('transformers', '?')}. Started {result['started']}, "
+        f"Machine: {machine_text(machine)}, {machine.get('memory_total_gib', '?')} GiB; device "
+        f"{machine.get('device', 'cpu')}, {settings.dtype}, {settings.threads} thread(s); transformers "
+        f"{machine.get('versions', {}).get('transformers', '?')}; {commit_text(result)}. Started {result['started']}, "
         f"load average {result['load'][0]} -> {result['load'][1]}.",
         f"Environment: {' '.join(f'{k}={v}' for k, v in machine.get('environment', {}).items()) or 'defaults'}.",
         f"Command: `{result['command']}`" + (f"; reference: `{settings.reference}`" if settings.reference else ""),
@@ -152,7 +151,7 @@ def markdown_report(result: dict, settings: BenchmarkSettings) -> str:
             impls = list(dict.fromkeys(r["impl"] for r in operator if r["mode"] == mode))
             lines += [f"## Operator, {mode.replace('_', ' + ')} (batch 1, hidden {settings.hidden})", ""]
             header = ["L"] + [f"{LABELS[i]} ms" for i in impls] + [f"{LABELS[i]} MiB" for i in impls]
-            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            rows = []
             for length in settings.lengths:
                 cells_t, cells_m = [], []
                 for impl in impls:
@@ -164,25 +163,25 @@ def markdown_report(result: dict, settings: BenchmarkSettings) -> str:
                     else:
                         cells_t.append(_ms(rec["time_s"]) + mark if rec else "-")
                     cells_m.append(_mib(rec["peak_bytes"]) + mark if rec and rec["peak_bytes"] else "-")
-                lines.append("| " + " | ".join([str(length)] + cells_t + cells_m) + " |")
-            lines.append("")
+                rows.append([length, *cells_t, *cells_m])
+            lines += table_lines(header, rows) + [""]
             lines += failure_notes([r for r in operator if r["mode"] == mode])
         if summary["exponents"]:
-            lines += ["## Time-versus-length exponents", "", "| candidate | mode | exponent | lengths | points |",
-                      "|---|---|---|---|---|"]
+            rows = []
             for key, value in summary["exponents"].items():
                 impl, mode = key.split("/")
-                lines.append(f"| {LABELS[impl]} | {mode} | {value['exponent']:.3f} | "
-                             f"{value['range'][0]}-{value['range'][1]} | {value['points']} |")
-            lines.append("")
+                rows.append([LABELS[impl], mode, f"{value['exponent']:.3f}", f"{value['range'][0]}-{value['range'][1]}",
+                             value["points"]])
+            lines += ["## Time-versus-length exponents", ""]
+            lines += table_lines(["candidate", "mode", "exponent", "lengths", "points"], rows) + [""]
         if summary["memory_ratios"]:
-            lines += [f"## Memory at L = {settings.memory_length}", "", "| mode | Orchid / attention | ratio |",
-                      "|---|---|---|"]
+            rows = []
             for key, value in summary["memory_ratios"].items():
                 mode, versus = key.split("/")
                 mark = " (attention extrapolated)" if value["attention_extrapolated"] else ""
-                lines.append(f"| {mode} | {versus} | {value['ratio']:.3f}{mark} |")
-            lines.append("")
+                rows.append([mode, versus, f"{value['ratio']:.3f}{mark}"])
+            lines += [f"## Memory at L = {settings.memory_length}", ""]
+            lines += table_lines(["mode", "Orchid / attention", "ratio"], rows) + [""]
     model = [r for r in records if r["part"] == "model"]
     for mode in dict.fromkeys(r["mode"] for r in model):
         impls = list(dict.fromkeys(r["impl"] for r in model if r["mode"] == mode))
@@ -192,8 +191,8 @@ def markdown_report(result: dict, settings: BenchmarkSettings) -> str:
         header += [f"{LABELS[i]} speed-up over {LABELS[baseline]}" for i in orchids]
         header += [f"{LABELS[i]} MiB" for i in impls] + ["load"]
         lines += [f"## Model, {mode.replace('_', ' + ')}, {settings.dtype}, {settings.layers} layers: orchid-bert-base "
-                  f"vs {LABELS[baseline]}", "",
-                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                  f"vs {LABELS[baseline]}", ""]
+        rows = []
         for batch, length in settings.model_shapes:
             point = {r["impl"]: r for r in model if r["mode"] == mode and (r["batch"], r["length"]) == (batch, length)}
             if baseline not in point:
@@ -207,8 +206,8 @@ def markdown_report(result: dict, settings: BenchmarkSettings) -> str:
             cells += [_mib(point[i]["peak_bytes"]) for i in impls]
             load = next(r["load"] for r in point.values() if r.get("load"))
             cells.append(f"{load[0]}-{load[1]}")
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+            rows.append(cells)
+        lines += table_lines(header, rows) + [""]
         lines += failure_notes([r for r in model if r["mode"] == mode])
         unseen = [LABELS[impl] for impl in impls if not CANDIDATES[impl].torch_memory]
         if unseen:
@@ -248,7 +247,7 @@ def train_markdown(records: list[dict], settings: BenchmarkSettings) -> list[str
         else:
             lines += [f"## Training step, operator alone, forward + backward (hidden {settings.hidden}): "
                       f"{labels['orchid']} vs {labels[baseline]}", ""]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        rows = []
         for batch, length in dict.fromkeys((r["batch"], r["length"]) for r in own):
             point = {r["impl"]: r for r in own if (r["batch"], r["length"]) == (batch, length)}
             cells = [f"({batch}, {length})"]
@@ -261,8 +260,8 @@ def train_markdown(records: list[dict], settings: BenchmarkSettings) -> list[str
             cells += [_train_ratio(point, i, baseline, "peak_bytes") for i in orchids]
             load = next((r["load"] for r in point.values() if r.get("load")), None)
             cells.append("-" if load is None else f"{load[0]}-{load[1]}")
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+            rows.append(cells)
+        lines += table_lines(header, rows) + [""]
         lines += failure_notes(own, labels)
         if any(r.get("single_call") for r in own):
             lines += ["¹ a single call (the profiled warm-up; the optimizer step after it): at this size one call "
@@ -327,7 +326,7 @@ def plot(result: dict, settings: BenchmarkSettings, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     where = result["machine"].get("device", "cpu")
-    where = result["machine"].get("Model name", "CPU") + f", {settings.threads} thread(s)" if where == "cpu" else where
+    where = result["machine"].get("processor", "CPU") + f", {settings.threads} thread(s)" if where == "cpu" else where
     fig.suptitle(f"Orchid vs attention on {where}, {str(settings.dtype).replace('torch.', '')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

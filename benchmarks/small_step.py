@@ -24,7 +24,15 @@ import time
 import torch
 
 from benchmarks.candidates import load_modeling, mlm_batch
-from benchmarks.measure import git_commit, interleaved_times, machine_info, write_result
+from benchmarks.harness import (
+    check_at_least,
+    commit_text,
+    interleaved_times,
+    provenance,
+    table_lines,
+    timed_call,
+    write_result,
+)
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE = 64, 2, 4, 256
 IMAGE_BATCH, IMAGE_SIZE, PATCH, CHANNELS, CLASSES = 64, 8, 2, 3, 10
@@ -88,17 +96,15 @@ def batch_of(task: str) -> dict[str, torch.Tensor]:
 
 
 def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
-    """A closure that runs one step (forward of the loss, backward, AdamW) and returns its seconds. AdamW is fused, as
-    Trainer's default optimizer (``adamw_torch_fused``) is."""
+    """A closure that runs one step (forward of the loss, backward, AdamW). AdamW is fused, as Trainer's default
+    optimizer (``adamw_torch_fused``) is."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
-    def step() -> float:
-        start = time.perf_counter()
+    def step() -> None:
         model(**batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
 
     return step
 
@@ -119,7 +125,8 @@ def run(args: argparse.Namespace) -> dict:
         for step in steps.values():
             for _ in range(args.warmup):
                 step()
-        times = interleaved_times(steps, args.repeats, args.repeats, budget_s=float("inf"))
+        timed = {name: (lambda step=step: timed_call(step)) for name, step in steps.items()}
+        times = interleaved_times(timed, args.repeats, args.repeats, budget_s=float("inf"))
         medians = {name: statistics.median(values) for name, values in times.items()}
         for name, median in medians.items():
             rows.append(dict(task=task, model=name, median_s=median, times_s=times[name],
@@ -127,21 +134,19 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "command": "python scripts/small_step.py " + " ".join(args.argv),
         "started": args.started,
-        "commit": git_commit(),
-        "machine": machine_info(args.threads),
+        **provenance(args.threads),
         "rows": rows,
     }
 
 
 def markdown(result: dict) -> str:
+    rows = [[row["task"], row["model"], f"{1e3 * row['median_s']:,.1f}", f"{row['speed_up']:.2f}x"]
+            for row in result["rows"]]
     lines = [
-        f"Command: `{result['command']}`; {result['machine']['torch_threads']} thread(s), commit {result['commit']}.",
+        f"Command: `{result['command']}`; {result['machine']['torch_threads']} thread(s), {commit_text(result)}.",
         "",
-        "| task | model | step ms (median) | speed-up over the baseline |",
-        "|---|---|---|---|",
+        *table_lines(["task", "model", "step ms (median)", "speed-up over the baseline"], rows),
     ]
-    for row in result["rows"]:
-        lines.append(f"| {row['task']} | {row['model']} | {1e3 * row['median_s']:,.1f} | {row['speed_up']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,9 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out-dir", default="outputs/bench")
     parser.add_argument("--tag", default=None)
     args = parser.parse_args(argv)
-    for name in ("threads", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least(parser, args, "--threads", "--repeats")
     args.argv = sys.argv[1:] if argv is None else argv
     args.started = time.strftime("%Y-%m-%d %H:%M:%S")
     result = run(args)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.measure import Workers, load_average, machine_info, worker_main
+from benchmarks.harness import load_average, provenance, write_json
+from benchmarks.measure import Workers, worker_main
 from benchmarks.parts import run_model_part, run_operator_part, run_train_part
 from benchmarks.profiles import profile_tables
 from benchmarks.report import markdown_report, plot, summarize
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> dict:
         "command": " ".join(["python scripts/benchmark.py"] + sys.argv[1:]) if args.command is None else args.command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "load": [load_average(), None],
-        "machine": machine_info(settings.threads, settings.device),
+        **provenance(settings.threads, settings.device),
         "config": settings.to_json(),
         "records": [],
     }
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> dict:
         result["load"][1] = load_average()
         result["finished"] = final
         result["summary"] = summarize(result["records"], settings)
-        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        write_json(out_dir / f"{stem}.json", result)
         (out_dir / f"{stem}.md").write_text(markdown_report(result, settings))
 
     profiled = settings.profile_shapes or settings.profile_train_shapes or settings.thread_scaling_shapes

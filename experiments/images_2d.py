@@ -4,7 +4,8 @@ A run is the output folder of scripts/train_image.py (``results.json``, ``all_re
 scripts/image_baseline.py; its name says what it is: ``pPATCH-MODEL-lrLR-s0`` (a grid point, scored on the validation
 split of the training images), ``pPATCH-MODEL-chosen-sSEED`` (the chosen learning rate, scored on the test images),
 ``logreg`` (the floor). :func:`collect_runs` keeps one JSON per finished run; :func:`render_report` makes the tables
-of docs/results/images_2d.md and the README's line from those JSONs alone.
+of docs/results/images_2d.md and the README's line from those JSONs alone. Each model is compared with ViT at its patch
+size by the difference of their mean per-seed accuracies and its 95% interval (``experiments/real_data/report.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.real_data.report import best_grid_point, machine_description, replace_block
+from benchmarks.harness import provenance, replace_block, table_lines, write_json
+from experiments.real_data.report import (
+    best_grid_point,
+    comparison_words,
+    difference_cell,
+    difference_interval,
+    interval_note,
+    machine_block,
+    sharing_record,
+)
 
 GRID_RUN = re.compile(r"^p(?P<patch>\d+)-(?P<model>[a-z0-9-]+?)-lr(?P<lr>[0-9.e-]+)-s(?P<seed>\d+)$")
 CHOSEN_RUN = re.compile(r"^p(?P<patch>\d+)-(?P<model>[a-z0-9-]+?)-chosen-s(?P<seed>\d+)$")
@@ -25,6 +35,7 @@ MODELS = {
     "orchid-2d-hybrid": "Orchid 2-D hybrid (2-D first, then attention)",
 }
 BLOCKS = "images-2d"  # the generated blocks of docs/results/images_2d.md and the README: <!-- images-2d:NAME -->
+BASELINE = "vit"  # the model every other one is compared with
 
 
 def _read(path: Path) -> dict:
@@ -71,19 +82,19 @@ def collect_runs(
     runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1, runs_at_a_time: int = 2
 ) -> list[str]:
     """One JSON per finished run of ``runs_dir`` (a folder with results.json) in ``results_dir``, and
-    ``machine.json`` (how the runs shared the machine); returns the run names kept."""
+    ``machine.json`` (how the runs shared the machine); each records the commit and the machine of the tree that
+    collects the runs (:func:`benchmarks.harness.provenance`); returns the run names kept."""
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
-    results_dir.mkdir(parents=True, exist_ok=True)
+    made = provenance(threads_per_run)
     kept = []
     for folder in sorted(p for p in runs_dir.iterdir() if (p / "results.json").is_file()):
         record = run_record(folder)
         if record is not None:
-            (results_dir / f"{folder.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+            write_json(results_dir / f"{folder.name}.json", {**record, **made})
             kept.append(folder.name)
     if not kept:
         raise ValueError(f"{runs_dir} has no finished run (a folder with results.json) of scripts/images_2d.sh")
-    machine = machine_description(threads_per_run, runs_at_a_time)
-    (results_dir / "machine.json").write_text(json.dumps(machine, indent=1) + "\n")
+    write_json(results_dir / "machine.json", sharing_record(made, threads_per_run, runs_at_a_time))
     return kept
 
 
@@ -113,70 +124,81 @@ def _percent(values: list[float]) -> str:
     return " / ".join(f"{100 * v:.2f}" for v in values)
 
 
+def _test_accuracies(records: list[dict], patch: int, model: str) -> list[float]:
+    """The test accuracies of ``model`` at ``patch``, by seed."""
+    runs = sorted((r for r in records if r["kind"] == "test" and (r["patch"], r["model"]) == (patch, model)),
+                  key=lambda r: r["seed"])  # fmt: skip
+    return [r["accuracy"] for r in runs]
+
+
 def test_table(records: list[dict], learning_rates: list[str]) -> str:
-    """Per patch size and model: the chosen learning rate, the test accuracy of each seed and their mean, and the
-    speed of training and evaluation."""
-    rows = [
-        "| patches | model | parameters | learning rate (chosen) | test accuracy, seeds 0 / 1 (%) | mean | "
-        "training time | training images/s | test images/s |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    """Per patch size and model: the chosen learning rate, the test accuracy of each seed and their mean, the
+    difference from ViT at that patch size with its interval, and the speed of training and evaluation."""
+    header = ["patches", "model", "parameters", "learning rate (chosen)", "test accuracy, seeds 0 / 1 (%)", "mean",
+              "− ViT, points (95% interval)", "training time", "training images/s", "test images/s"]
+    rows = []
     tests = [r for r in records if r["kind"] == "test"]
     for patch in sorted({r["patch"] for r in tests}, reverse=True):
         tokens = (28 // patch) ** 2
+        baseline = _test_accuracies(records, patch, BASELINE)
         for model in MODELS:
-            runs = sorted((r for r in tests if (r["patch"], r["model"]) == (patch, model)), key=lambda r: r["seed"])
+            runs = [r for r in tests if (r["patch"], r["model"]) == (patch, model)]
             if not runs:
                 continue
             lr = choose_learning_rate(records, patch, model, learning_rates)
-            accuracies = [r["accuracy"] for r in runs]
-            rows.append(
-                f"| {patch}x{patch} ({tokens} tokens) | {MODELS[model]} | {runs[0]['num_parameters']:,} | {lr} | "
-                f"{_percent(accuracies)} | **{100 * statistics.mean(accuracies):.2f}** | "
-                f"{statistics.mean(r['train_seconds'] for r in runs) / 60:.1f} min | "
-                f"{statistics.mean(r['train_images_per_second'] for r in runs):.0f} | "
-                f"{statistics.mean(r.get('eval_images_per_second', float('nan')) for r in runs):.0f} |"
-            )
-    return "\n".join(rows)
+            accuracies = _test_accuracies(records, patch, model)
+            rows.append([
+                f"{patch}x{patch} ({tokens} tokens)", MODELS[model], f"{runs[0]['num_parameters']:,}", lr,
+                _percent(accuracies), f"**{100 * statistics.mean(accuracies):.2f}**",
+                difference_cell(accuracies, None if model == BASELINE or not baseline else baseline, digits=2),
+                f"{statistics.mean(r['train_seconds'] for r in runs) / 60:.1f} min",
+                f"{statistics.mean(r['train_images_per_second'] for r in runs):.0f}",
+                f"{statistics.mean(r.get('eval_images_per_second', float('nan')) for r in runs):.0f}",
+            ])  # fmt: skip
+    return "\n".join(table_lines(header, rows)) + "\n\n" + interval_note("ViT at the same patch size")
 
 
 def grid_table(records: list[dict], learning_rates: list[str]) -> str:
     """The validation accuracy of every grid point."""
-    rows = [
-        "| patches | model | " + " | ".join(f"lr {lr}" for lr in learning_rates) + " |",
-        "|---|---|" + "---|" * len(learning_rates),
-    ]
+    rows = []
     grid = [r for r in records if r["kind"] == "grid"]
     for patch in sorted({r["patch"] for r in grid}, reverse=True):
         for model in MODELS:
             points = {r["learning_rate"]: r["accuracy"] for r in grid if (r["patch"], r["model"]) == (patch, model)}
             if points:
                 cells = [f"{100 * points[lr]:.2f}" if lr in points else "—" for lr in learning_rates]
-                rows.append(f"| {patch}x{patch} | {MODELS[model]} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+                rows.append([f"{patch}x{patch}", MODELS[model], *cells])
+    return "\n".join(table_lines(["patches", "model", *(f"lr {lr}" for lr in learning_rates)], rows))
 
 
 def headline(records: list[dict], learning_rates: list[str]) -> str:
-    """The README's line: the 2-D model against the others at each patch size."""
+    """The README's line: the 2-D model against the others at each patch size, and against ViT in words where both
+    have two seeds or more."""
     tests = [r for r in records if r["kind"] == "test"]
     patches = sorted({r["patch"] for r in tests}, reverse=True)
 
     def mean(model: str) -> str:
         values = []
         for patch in patches:
-            runs = [r["accuracy"] for r in tests if (r["patch"], r["model"]) == (patch, model)]
+            runs = _test_accuracies(records, patch, model)
             values.append(f"{100 * statistics.mean(runs):.2f}%" if runs else "—")
         return " / ".join(values)
 
+    comparisons = []
+    for patch in patches:
+        orchid, vit = _test_accuracies(records, patch, "orchid-2d"), _test_accuracies(records, patch, BASELINE)
+        if min(len(orchid), len(vit)) >= 2:
+            words = comparison_words("Orchid 2-D", "ViT", difference_interval(orchid, vit), digits=2)
+            comparisons.append(f"{patch}x{patch}: {words}")
     floor = [r for r in records if r["kind"] == "floor"]
     floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
+    compared = "".join(f"; {text}" for text in comparisons)
     train = tests[0]["num_train"] if tests else 0
-    return (
-        "| images in two dimensions | Orchid 2-D | baselines | details |\n|---|---|---|---|\n"
-        f"| Fashion-MNIST test accuracy, {' / '.join(f'{p}x{p}' for p in patches)} patches, lr chosen on "
-        f"validation | {mean('orchid-2d')} | ViT {mean('vit')}; Orchid 1-D {mean('orchid-1d')}; 2-D hybrid "
-        f"{mean('orchid-2d-hybrid')} | 2 seeds; {train:,} training images each, one pass{floor_text} |"
-    )
+    return "\n".join(table_lines(["images in two dimensions", "Orchid 2-D", "baselines", "details"], [[
+        f"Fashion-MNIST test accuracy, {' / '.join(f'{p}x{p}' for p in patches)} patches, lr chosen on validation",
+        mean("orchid-2d"), f"ViT {mean('vit')}; Orchid 1-D {mean('orchid-1d')}; 2-D hybrid {mean('orchid-2d-hybrid')}",
+        f"2 seeds; {train:,} training images each, one pass{floor_text}{compared}",
+    ]]))  # fmt: skip
 
 
 def render_report(
@@ -199,16 +221,15 @@ def render_report(
     machine_file = Path(results_dir) / "machine.json"
     if machine_file.is_file():
         machine = _read(machine_file)
-        blocks["machine"] = (
-            f"{machine['processor']}, {machine['cpu_count']} cores, {machine['platform']}, torch {machine['torch']}; "
-            f"every run on {machine['threads_per_run']} thread(s), {machine['runs_at_a_time']} run(s) at a time: "
-            "times compare the models with each other, not with other machines."
+        blocks["machine"] = machine_block(
+            machine, f"every run on {machine['threads_per_run']} thread(s), {machine['runs_at_a_time']} run(s) at a "
+            "time: times compare the models with each other, not with other machines."
         )
     text = Path(report).read_text()
     for name, content in blocks.items():
-        text = replace_block(text, name, content, BLOCKS)
+        text = replace_block(text, BLOCKS, name, content)
     Path(report).write_text(text)
     if readme is not None:
         blocks["headline"] = headline(records, learning_rates)
-        Path(readme).write_text(replace_block(Path(readme).read_text(), "headline", blocks["headline"], BLOCKS))
+        Path(readme).write_text(replace_block(Path(readme).read_text(), BLOCKS, "headline", blocks["headline"]))
     return blocks

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,8 +37,9 @@ from orchid_hf.modeling.orchid_layers import (
     TRANSFORMS,
     OrchidOperator,
 )
-from orchid_hf.modeling.orchid_ops import forward_transform, masked
 from torch import nn
+
+from benchmarks.harness import block_names, provenance, replace_block
 
 MODELS = ("orchid", "static", "transformer")
 TRANSFORMER_POSITIONS = ("learned", "sinusoidal", "rotary")
@@ -124,7 +124,7 @@ class RecallConfig:
     conditioning_depth: int = 1  # layers per domain in the spatial+spectral layout (3 for vocabulary 40)
     filter_spectrum: str = "listing1"  # dct(h0) as the static multiplier, as the authors' code; or "convolution"
     # Experiment only, not an option of the library operator: LayerNorm over channels after the conditioning
-    # network's time and frequency convolutions, as the authors' standalone code configures it.
+    # network's time and frequency convolutions, as the authors' standalone code configures it (add_conditioning_norm).
     conditioning_norm: bool = False
     # Transformer only: "learned" (BertForMaskedLM's table, from N(0, embedding_init_std^2)), "sinusoidal" (the same
     # table started from sinusoids) or "rotary" (RoFormerForMaskedLM: BERT's blocks with rotary attention).
@@ -231,24 +231,28 @@ class RecallConfig:
         return config_class(**{**settings, **self.config_overrides})
 
 
-class NormalizedConditioning(nn.Module):
-    """Type I conditioning with a LayerNorm over channels after the time and the frequency convolutions.
+def add_conditioning_norm(model: nn.Module) -> None:
+    """LayerNorm over channels after the time and the frequency convolutions of every conditioning network of
+    ``model``, as the authors' standalone code configures it (``norm: layernorm``) and the library operator does not.
 
-    An experiment, not the library operator: it reuses the wrapped network's convolutions and adds what the
-    authors' standalone code has (``norm: layernorm`` in its conditioning config) and ours does not.
-    """
+    The two norms become modules of the conditioning network (trained and saved with it) and act through forward hooks
+    on its two convolution stacks, so that the network itself runs as the package has it. Positions that the mask
+    marks as padding stay zero after the time convolution's norm, as they are without it."""
+    for module in model.modules():
+        if not isinstance(module, OrchidOperator) or module.conditioning is None:
+            continue
+        conditioning = module.conditioning
+        conditioning.time_norm = nn.LayerNorm(module.d_model)  # over the channels of (B, L, C) and (B, N, C)
+        conditioning.freq_norm = nn.LayerNorm(module.d_model)
 
-    def __init__(self, inner: nn.Module, channels: int):
-        super().__init__()
-        self.inner = inner
-        self.time_norm = nn.LayerNorm(channels)  # over the channels of (B, L, C) features and (B, N, C) spectra
-        self.freq_norm = nn.LayerNorm(channels)
+        def normalized_time(stack, args, output, norm=conditioning.time_norm):
+            mask = args[1] if len(args) > 1 else None  # the stack's (x, mask, wrap)
+            normalized = norm(output)
+            return normalized if mask is None else normalized.masked_fill(~mask, 0.0)
 
-    def forward(self, u: torch.Tensor, n: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The wrapped network's signature: u (B, L, C), transform length n, mask (B, L, 1) or None."""
-        key = self.time_norm(self.inner.time_conv(u, mask, u.shape[1] == n))
-        spectrum = forward_transform(masked(key, mask), self.inner.transform, n).abs()
-        return self.freq_norm(self.inner.freq_conv(spectrum))
+        conditioning.time_conv.register_forward_hook(normalized_time)
+        conditioning.freq_conv.register_forward_hook(lambda stack, args, output, norm=conditioning.freq_norm:
+                                                     norm(output))
 
 
 def sinusoids(length: int, width: int) -> torch.Tensor:
@@ -303,9 +307,7 @@ def build_model(config: RecallConfig) -> nn.Module:
         return model
     model = OrchidForMaskedLM(config.orchid_config())
     if config.conditioning_norm:
-        for module in model.modules():
-            if isinstance(module, OrchidOperator):
-                module.conditioning = NormalizedConditioning(module.conditioning, module.d_model)
+        add_conditioning_norm(model)
     return model
 
 
@@ -380,7 +382,8 @@ def train(
     """Trains on freshly generated batches and returns the final metrics and the learning curve.
 
     Every ``eval_every`` steps the model is evaluated on the validation and the test split. ``result_path`` gets the
-    summary (plus ``extra``) after every evaluation, marked ``finished: false`` until the last step, so that a run
+    summary (:func:`run_summary`, with the commit and the machine of :func:`benchmarks.harness.provenance`, plus
+    ``extra``) after every evaluation, marked ``finished: false`` until the last step, so that a run
     stopped early still leaves its numbers. With ``checkpoint_path`` the model, optimizer, data stream and curve are
     saved there at every evaluation, and a run of the same config resumes from that file; it is removed at the end.
     ``device``: where the model trains (the batches are drawn on the CPU, from the same generator whatever the
@@ -391,6 +394,7 @@ def train(
 
     config.validate()
     torch.set_num_threads(config.threads)
+    extra = {**provenance(config.threads, device), **(extra or {})}
     torch.manual_seed(config.seed)
     model = build_model(config).to(device)
     data = torch.Generator().manual_seed(config.seed + 1)
@@ -612,32 +616,29 @@ def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
     plt.close(fig)
 
 
-# A generated block of a results page: a marker naming the run files (a glob under the runs folder), the block's
-# content, and an end marker. "table" blocks hold results_table; "figure" blocks link a PNG of plot_curves.
-GENERATED_BLOCK = re.compile(
-    r"(?P<head><!-- generated (?P<kind>table|figure) (?P<pattern>\S+)(?: (?P<png>\S+))? -->\n)"
-    r"(?P<body>.*?)(?P<tail><!-- end generated -->)",
-    re.S,
-)
+BLOCKS = "recall"  # the generated blocks of a results page: <!-- recall:NAME --> ... <!-- /recall:NAME -->
 
 
 def render_page(text: str, runs: str | Path, figures: str | Path | None = None) -> str:
     """The page ``text`` with every generated block rebuilt from the run files under ``runs``; with ``figures`` (a
-    folder), the figures are drawn there too."""
+    folder), the figures are drawn there too.
+
+    A block's name says what it holds: ``table PATTERN`` (:func:`results_table` of the run files that the glob
+    PATTERN matches under ``runs``) or ``figure PATTERN PNG`` (a link to PNG, the :func:`plot_curves` of those run
+    files). A ValueError names a block of another form, or one whose pattern matches no run file."""
     runs = Path(runs)
-
-    def rebuild(match: re.Match) -> str:
-        paths = sorted(runs.glob(match["pattern"]))
+    for name in block_names(text, BLOCKS):
+        kind, pattern, *png = name.split(" ")
+        if (kind, len(png)) not in (("table", 0), ("figure", 1)):
+            raise ValueError(f"a {BLOCKS} block is named 'table PATTERN' or 'figure PATTERN PNG', got {name!r}")
+        paths = sorted(runs.glob(pattern))
         if not paths:
-            raise ValueError(f"no run files match {match['pattern']!r} under {runs}")
-        if match["kind"] == "table":
-            body = results_table(paths)
+            raise ValueError(f"no run files match {pattern!r} under {runs}")
+        if kind == "table":
+            content = results_table(paths).rstrip("\n")
         else:
-            if not match["png"]:
-                raise ValueError(f"the figure block of {match['pattern']!r} names no PNG file")
             if figures is not None:
-                plot_curves(paths, Path(figures) / match["png"])
-            body = f"![learning curves]({match['png']})\n"
-        return match["head"] + body + match["tail"]
-
-    return GENERATED_BLOCK.sub(rebuild, text)
+                plot_curves(paths, Path(figures) / png[0])
+            content = f"![learning curves]({png[0]})"
+        text = replace_block(text, BLOCKS, name, content)
+    return text

@@ -11,13 +11,13 @@ sentence_embeddings.md the results on Jane Austen's novels.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.harness import provenance, write_json
 from experiments.real_data.novels import chapter_passages, novel_name, read_novel
 
 MODEL_KINDS = ("orchid", "bert")
@@ -257,8 +257,9 @@ def run(
         "threads": torch.get_num_threads(),
         **training,
         "evaluations": evaluations,
+        **provenance(),
     }
-    (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(output_dir / "results.json", results)
     return results
 
 

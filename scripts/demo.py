@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The Orchid-HF demo, end to end on a CPU without network (``make demo``).
 
-1. Generate a small English-like corpus and an SST-2-style sentiment task (experiments/synthetic_text.py).
+1. Generate a small English-like corpus and an SST-2-style sentiment task (orchid_hf/demo_data.py).
 2. Train a WordPiece tokenizer on the corpus.
 3. Pretrain a tiny Orchid masked LM with the pretraining recipe (scripts/pretrain_mlm.py's code).
 4. Fine-tune it on the sentiment task with the GLUE code path (scripts/finetune_glue.py's code, task sst2).
@@ -35,10 +35,8 @@ from transformers import (  # noqa: E402
 )
 
 from orchid_hf import OrchidConfig, OrchidForMaskedLM, glue, pretraining  # noqa: E402  (registers the Auto classes)
+from orchid_hf.demo_data import write_demo_data  # noqa: E402
 from orchid_hf.tokenization import train_wordpiece_tokenizer  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-from experiments.synthetic_text import write_demo_data  # noqa: E402
 
 # A model small enough to pretrain in a few minutes on two cores.
 MODEL = "hidden_size=64,num_hidden_layers=2,intermediate_size=128,filter_width=32"

@@ -15,9 +15,24 @@ TRANSFORMERS_MARKERS = (
 )
 
 
+# The research tier: the files that test the research code (benchmarks/, experiments/ and the scripts that run them),
+# not the library. pytest_collection_modifyitems marks their tests `research`; `make test-library` leaves them out.
+RESEARCH_TEST_FILES = frozenset({
+    "test_benchmark.py", "test_gpu_check.py", "test_harness.py", "test_images_2d_report.py", "test_needle.py",
+    "test_novels.py", "test_real_data.py", "test_recall.py", "test_sentence_embeddings.py",
+    "test_transfer_diagnosis.py",
+})  # fmt: skip
+
+
 def pytest_configure(config):
     for marker in TRANSFORMERS_MARKERS:
         config.addinivalue_line("markers", f"{marker}: a marker of transformers' common model tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in RESEARCH_TEST_FILES:
+            item.add_marker(pytest.mark.research)
 
 
 @pytest.fixture(autouse=True)

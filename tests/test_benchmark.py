@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from orchid_hf.modeling.orchid_ops import SequenceLayout
 
-from benchmarks import candidates, measure, parts, profiles, report, speed
+from benchmarks import candidates, harness, measure, parts, profiles, report, speed
 from benchmarks.settings import MODES, BenchmarkSettings, parse_lengths, parse_shapes
 
 MODELING = Path(speed.__file__).resolve().parent.parent / "modeling"
@@ -87,13 +88,21 @@ def test_benchmark_runs_at_tiny_sizes_and_writes_json_markdown_and_plot(tmp_path
 
     saved = json.loads((tmp_path / "benchmark_tiny.json").read_text())
     assert saved["finished"] and len(saved["records"]) == len(records)
+    assert_records_where_it_was_made(saved)
     markdown = (tmp_path / "benchmark_tiny.md").read_text()
+    assert f"commit {saved['commit'][:12]}" in markdown
     assert "## Operator, forward" in markdown and "## Model, forward, torch.float32, 2 layers" in markdown
     assert "## Model, forward + backward" in markdown and "Orchid, reference version" in markdown
     assert "Orchid speed-up over BertModel (SDPA)" in markdown
     assert "Orchid, ONNX Runtime: allocates outside PyTorch, so its memory is not measured" in markdown
     assert " met" not in markdown and "target" not in markdown.lower()
     assert (tmp_path / "benchmark_tiny.png").stat().st_size > 10_000
+
+
+def assert_records_where_it_was_made(result: dict) -> None:
+    """A benchmark's JSON records the commit, whether the tree had changes, and the machine (benchmarks/harness.py)."""
+    assert len(result["commit"]) == 40 and isinstance(result["uncommitted_changes"], bool)
+    assert result["machine"]["device"] == "cpu" and result["machine"]["torch"] == torch.__version__
 
 
 def test_the_reference_is_another_package_built_through_its_own_public_classes(reference_checkout):
@@ -168,15 +177,6 @@ def test_a_failing_candidate_is_reported_and_the_others_are_measured():
     }
 
 
-def test_interleaved_rounds_start_with_each_candidate_in_turn():
-    calls = []
-    steps = {name: (lambda name=name: calls.append(name) or 1.0) for name in "abc"}
-    times = measure.interleaved_times(steps, repeats=4, min_repeats=4, budget_s=1e9)
-    assert calls == list("abc" "bca" "cab" "abc")
-    assert times == {"a": [1.0] * 4, "b": [1.0] * 4, "c": [1.0] * 4}
-    assert measure.interleaved_times({}, repeats=4, min_repeats=2, budget_s=1e9) == {}  # every candidate failed
-
-
 def test_operator_memory_grows_with_length_and_attention_math_fastest():
     # Peak tensor memory of one forward call: linear for Orchid, quadratic for materialised attention.
     peaks = {}
@@ -184,7 +184,7 @@ def test_operator_memory_grows_with_length_and_attention_math_fastest():
         for length in (64, 256):
             module = candidates.build_operator(impl, 32, 4, length)
             step = candidates.make_step(module, "forward", torch.randn(1, length, 32), is_model=False)
-            peaks[impl, length] = measure.profiled_peak_bytes(step)
+            peaks[impl, length] = harness.profiled_peak_bytes(step)
     assert peaks["orchid", 256] > peaks["orchid", 64]
     assert peaks["attention_math", 256] / peaks["attention_math", 64] > peaks["orchid", 256] / peaks["orchid", 64]
 
@@ -195,26 +195,15 @@ def test_pocketfft_results_are_counted_by_the_memory_profile():
 
     x = torch.randn(1, 4096, 16)
     with torch.no_grad():
-        peak = measure.profiled_peak_bytes(lambda: dct(x, dim=1))
+        peak = harness.profiled_peak_bytes(lambda: dct(x, dim=1))
     assert peak >= x.numel() * x.element_size()
-
-
-def test_profiled_peak_counts_live_tensors_not_total_allocations():
-    def step():
-        a = torch.empty(1_000_000)  # 4 MB
-        b = torch.empty(500_000)  # 2 MB, live with a
-        del a
-        c = torch.empty(250_000)  # 1 MB, a is gone
-        return b, c
-
-    assert measure.profiled_peak_bytes(step) == pytest.approx(6_000_000, rel=0.01)
 
 
 def test_power_law_fit_recovers_the_exponent():
     lengths = [1024, 2048, 4096, 8192]
-    slope, intercept = measure.fit_power_law(lengths, [3e-6 * n**1.5 for n in lengths])
+    slope, intercept = harness.fit_power_law(lengths, [3e-6 * n**1.5 for n in lengths])
     assert slope == pytest.approx(1.5)
-    assert measure.fit_power_law([1024], [1.0]) is None
+    assert harness.fit_power_law([1024], [1.0]) is None
 
 
 def test_math_attention_memory_guard_is_quadratic():
@@ -505,7 +494,8 @@ def test_saved_bytes_per_layer_counts_what_one_layer_saves_for_backward():
     torch.manual_seed(0)
     model = candidates.build_masked_lm("orchid", True, 16, layers=1).train()
     hidden = torch.randn(2, 16, model.config.hidden_size, requires_grad=True)
-    assert per_layer == measure.retained_bytes(model.orchid.encoder.layer[0], hidden) > 0
+    layout = SequenceLayout.from_mask(None, (16,), (2, 16), hidden.device)  # every position a token, one group
+    assert per_layer == measure.retained_bytes(model.orchid.encoder.layer[0], hidden, layout) > 0
 
 
 @pytest.mark.slow
@@ -589,6 +579,7 @@ def test_long_step_runs_one_training_step_and_writes_what_it_measured(tmp_path, 
     result = long_step.main(argv + (["--checkpointing"] if checkpointing else []))
     name = f"long_step_{head}_64{'_checkpointing' if checkpointing else ''}.json"
     assert json.loads((tmp_path / name).read_text()) == json.loads(json.dumps(result))
+    assert_records_where_it_was_made(result)
     assert result["length"] == 64 and result["checkpointing"] is checkpointing and result["seconds"] > 0
     assert math.isfinite(result["loss"]) and result["rss_peak_bytes"] >= 0 and result["parameters"] > 10**7
 
@@ -608,7 +599,7 @@ def test_pretraining_throughput_counts_the_steps_after_the_warm_up():
 @pytest.mark.slow
 def test_pretraining_throughput_runs_both_models_through_the_recipe(tmp_path):
     from benchmarks import pretraining
-    from experiments.synthetic_text import make_corpus
+    from orchid_hf.demo_data import make_corpus
 
     (tmp_path / "train.txt").write_text("\n".join(make_corpus(80, seed=0)) + "\n")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted({w for t in make_corpus(80, seed=0)
@@ -620,6 +611,7 @@ def test_pretraining_throughput_runs_both_models_through_the_recipe(tmp_path):
     result = pretraining.main(argv)
     written = json.loads((tmp_path / "out" / "pretraining_throughput_2x32_threads1.json").read_text())
     assert written == json.loads(json.dumps(result))
+    assert_records_where_it_was_made(written)
     for model in ("orchid", "bert"):
         run = result["runs"][model]
         assert run["steps"] == 3 and run["tokens_per_second"] > 0 and 0 < run["final_loss"] < 100
@@ -672,6 +664,7 @@ def test_the_small_step_benchmark_times_every_model_against_its_baseline(tmp_pat
     assert all(len(row["times_s"]) == 2 and row["median_s"] > 0 for row in rows.values())
     assert rows["image", "ViTForImageClassification"]["speed_up"] == 1.0
     assert "| image | Orchid |" in (tmp_path / "small_step_t.md").read_text()
+    assert_records_where_it_was_made(json.loads((tmp_path / "small_step_t.json").read_text()))
 
 
 def test_the_lengths_benchmark_at_toy_sizes(tmp_path, monkeypatch):
@@ -691,12 +684,51 @@ def test_the_lengths_benchmark_at_toy_sizes(tmp_path, monkeypatch):
     assert [(row["model"], row["positions"]) for row in short] == [
         ("Orchid", 128), ("Orchid", 512), ("BERT (SDPA)", 128), ("BERT (SDPA)", 512)]
     assert all(row["ratio_to_128"] > 0 for row in short) and short[0]["ratio_to_128"] == 1.0
-    mixed = [row for row in result["rows"] if row["part"] == "mixed"]
-    assert mixed[0]["tokens"] == mixed[1]["tokens"] > 0 and mixed[0]["throughput_ratio"] > 0
-    assert all(row["peak_bytes"] > 0 for row in mixed)
+    mixed = {row["model"]: row for row in result["rows"] if row["part"] == "mixed"}
+    assert list(mixed) == ["Orchid, padded", "Orchid, packed", "Orchid, one sequence a call", "BERT (SDPA), padded"]
+    assert len({row["tokens"] for row in mixed.values()}) == 1 and mixed["Orchid, padded"]["tokens"] > 0
+    assert mixed["BERT (SDPA), padded"]["throughput_to_bert"] == 1.0
+    assert mixed["Orchid, one sequence a call"]["throughput_to_full_rows"] == 1.0
+    assert all(row["peak_bytes"] > 0 for row in mixed.values())
+    assert mixed["Orchid, packed"]["largest_batch"][0] == 1  # one row
+    assert_records_where_it_was_made(json.loads((tmp_path / "lengths.json").read_text()))
     batches = lengths.mixed_workload(6, 3)
     assert [tuple(b["input_ids"].shape)[0] for b in batches] == [3, 3]
     assert all(16 <= int(n) <= 512 for b in batches for n in b["attention_mask"].sum(1))
+
+
+def test_the_lengths_benchmark_packs_a_batch_as_the_flattening_collator_does():
+    from transformers import DataCollatorWithFlattening
+
+    from benchmarks import lengths
+
+    batch = lengths.mixed_workload(3, 3)[0]
+    real = [ids[mask.bool()].tolist() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    expected = DataCollatorWithFlattening()([{"input_ids": ids} for ids in real])
+    packed = lengths.packed(batch)
+    assert torch.equal(packed["input_ids"], expected["input_ids"])
+    assert torch.equal(packed["position_ids"], expected["position_ids"])
+    assert [single["input_ids"][0].tolist() for single in lengths.one_by_one(batch)] == real
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_epoch_of_the_lengths_benchmark(tmp_path):
+    from benchmarks import lengths
+    from tests.test_needle import write_novel, write_vocabulary
+
+    write_vocabulary(tmp_path / "tokenizer")
+    write_novel(tmp_path / "novel.txt", seed=0)
+    result = lengths.main(["--parts", "finetune", "--text-file", str(tmp_path / "novel.txt"), "--tokenizer",
+                           str(tmp_path / "tokenizer"), "--fine-tune-size", "32", "1", "--max-length", "64",
+                           "--batch", "4", "--out-dir", str(tmp_path)])  # fmt: skip
+    rows = {row["model"]: row for row in result["rows"]}
+    assert list(rows) == ["Orchid, dynamic padding", "Orchid, packed", "BERT (SDPA), dynamic padding"]
+    padded, packed = rows["Orchid, dynamic padding"], rows["Orchid, packed"]
+    assert padded["tokens"] == packed["tokens"] == rows["BERT (SDPA), dynamic padding"]["tokens"] > 0
+    assert packed["padded_tokens"] == packed["tokens"] < padded["padded_tokens"]  # packing computes no padding
+    # The same masks and the same model: packing changes nothing of the loss (mixing each sequence alone).
+    assert packed["mean_loss"] == pytest.approx(padded["mean_loss"], rel=1e-4)
+    assert "| Orchid, packed |" in (tmp_path / "lengths.md").read_text()
 
 
 def _tiny_orchid(positions: int, layers: int):

@@ -9,7 +9,7 @@ import pytest
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from experiments.synthetic_text import NEGATIVE, POSITIVE, make_corpus, make_sentiment_task, write_demo_data
+from orchid_hf.demo_data import NEGATIVE, POSITIVE, make_corpus, make_sentiment_task, write_demo_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from experiments.synthetic_text import make_corpus, write_demo_data
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
+from orchid_hf.demo_data import make_corpus, write_demo_data
 from orchid_hf.pretraining import block_packer
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 

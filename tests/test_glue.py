@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from experiments.synthetic_text import make_corpus
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
+from orchid_hf.demo_data import make_corpus
 from orchid_hf.glue import main
 from orchid_hf.glue_data import encode_labels, load_glue_task
 from orchid_hf.glue_tasks import glue_average, results_markdown, task_score

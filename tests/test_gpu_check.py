@@ -165,6 +165,19 @@ def test_the_runs_total_budget_leaves_later_stages_skipped(tmp_path):
     assert read_report(out)["stages"]["speed"]["status"] == "skipped"
 
 
+def test_the_report_records_the_commit_and_the_machine(tmp_path):
+    functions = {name: stub("fine") for name in gpu.STAGES}
+    data = gpu.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--commit", "0123456789abcdef"],
+                    functions=functions)  # fmt: skip
+    assert (data["commit"], data["uncommitted_changes"]) == ("0123456789abcdef", None)  # a copied tree: git cannot tell
+    assert data["machine"]["device"] == "cpu" and data["machine"]["versions"]["torch"]
+    markdown = (tmp_path / gpu.MARKDOWN_NAME).read_text()
+    assert "commit 0123456789ab (uncommitted changes unknown)" in markdown
+    assert f"host {data['machine']['processor']}, {data['machine']['cpu_count']} cores" in markdown
+    data = gpu.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)], functions=functions)
+    assert len(data["commit"]) == 40 and isinstance(data["uncommitted_changes"], bool)  # this checkout's
+
+
 def test_sigterm_saves_the_report_and_ends_the_run(tmp_path):
     out = tmp_path / "out"
 

@@ -15,9 +15,9 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-from experiments.synthetic_text import make_corpus
 from orchid_hf import OrchidConfig, OrchidForImageClassification, OrchidForSequenceClassification
 from orchid_hf.cards import usage_snippets, write_model_card
+from orchid_hf.demo_data import make_corpus
 from orchid_hf.hub import HubUnavailableError, pull_from_hub, push_to_hub, upload_file_list
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from orchid_hf.modeling.modeling_orchid import OrchidEmbeddings
+from orchid_hf.modeling.modeling_orchid import OrchidModel
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertTokenizer
 
 from experiments.real_data.novels import (
@@ -263,16 +263,16 @@ def test_prepared_files_fine_tune_a_classifier(prepared, tmp_path):
 
 def test_pair_files_fine_tune_orchid_with_token_types(prepared, tmp_path, monkeypatch):
     """scripts/finetune_glue.py takes the pair CSV as a sentence-pair task: the tokenizer gives the second passage
-    token type 1, as BERT's does, the collator keeps it, and it reaches Orchid's embeddings, which add it."""
+    token type 1, as BERT's does, the collator keeps it, and it reaches Orchid's model, whose embeddings add it."""
     out, summary = prepared
     seen = []
-    forward = OrchidEmbeddings.forward
+    forward = OrchidModel.forward
 
-    def recording(self, input_ids=None, token_type_ids=None, *args, **kwargs):
+    def recording(self, input_ids=None, *args, token_type_ids=None, **kwargs):
         seen.append((input_ids, token_type_ids))
-        return forward(self, input_ids, token_type_ids, *args, **kwargs)
+        return forward(self, input_ids, *args, token_type_ids=token_type_ids, **kwargs)
 
-    monkeypatch.setattr(OrchidEmbeddings, "forward", recording)
+    monkeypatch.setattr(OrchidModel, "forward", recording)
     results = finetune(
         ["--train_file", str(out / "pairs-16" / "train.csv"), "--validation_file",
          str(out / "pairs-16" / "validation.csv"), "--tokenizer_name", str(out / "tokenizer"),

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.harness import replace_block
+from experiments.real_data.baselines import logistic_regression_baseline
 from experiments.real_data.report import (
     ATTRIBUTION_RUN,
     CONTEXT_RUN,
@@ -23,9 +25,12 @@ from experiments.real_data.report import (
     PROBE_RUN,
     choose_learning_rate,
     collect_runs,
+    comparison_outcome,
+    comparison_words,
+    difference_cell,
+    difference_interval,
     load_records,
     render_report,
-    replace_block,
     time_note,
     time_report,
 )
@@ -194,7 +199,7 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     row = f"| 16 tokens | Orchid, mean pooling | pretrained | {100 * mean_pooling['accuracy']:.1f} |"
     assert row in blocks["attribution"]
     assert f"| novel attribution, 16-token passages, pretrained | {50 * sum(seeds):.1f}% |" in blocks["headline"]
-    assert re.search(r"\| 16 tokens \| BERT \| scratch \| \d+\.\d \| \d+\.\d min \|", blocks["attribution"])
+    assert re.search(r"\| 16 tokens \| BERT \| scratch \| \d+\.\d \| – \| \d+\.\d min \|", blocks["attribution"])
     logreg = json.loads((runs / "fashion-logreg" / "results.json").read_text())
     assert f"| logistic regression | 2k | {100 * logreg['accuracy']:.2f} |" in blocks["images"]
     assert f"logistic regression {100 * logreg['accuracy']:.2f}%" in blocks["headline"]
@@ -388,7 +393,41 @@ def test_report_errors_name_what_is_missing(tmp_path):
     with pytest.raises(ValueError, match="holds no records"):
         render_report(tmp_path / "empty", tmp_path / "report.md")
     with pytest.raises(ValueError, match="no <!-- real-data:images --> ... <!-- /real-data:images --> block"):
-        replace_block("text", "images", "table")
+        replace_block("text", "real-data", "images", "table")
+
+
+def test_a_difference_is_given_with_its_welch_interval():
+    # 65 / 80 / 62 against 57 / 51 / 62: means 69 and 56.67, variances 93 and 30.33, so a standard error of
+    # sqrt(93 / 3 + 30.33 / 3) = 6.412 on Welch's 3.179 degrees of freedom (t = 3.083): 12.33 ± 19.77 holds zero.
+    level = difference_interval([0.65, 0.80, 0.62], [0.57, 0.51, 0.62])
+    assert level["difference"] == pytest.approx(0.12333, abs=1e-5)
+    assert level["degrees_of_freedom"] == pytest.approx(3.1792, abs=1e-3)
+    assert (level["low"], level["high"]) == (pytest.approx(-0.07436, abs=1e-4), pytest.approx(0.32103, abs=1e-4))
+    assert comparison_words("Orchid", "BERT", level) == (
+        "Orchid and BERT are level (Orchid − BERT: +12.3 points, 95% interval -7.4 to +32.1)")
+    assert difference_cell([0.65, 0.80, 0.62], [0.57, 0.51, 0.62]) == "+12.3 (-7.4 to +32.1), level"
+    # 90 / 91 / 92 against 80 / 81 / 82: variances 1 and 1, a standard error of sqrt(2 / 3) = 0.8165 on 4 degrees of
+    # freedom (t = 2.776): 10 ± 2.267 excludes zero, either way round.
+    ahead = difference_interval([0.90, 0.91, 0.92], [0.80, 0.81, 0.82])
+    assert ahead["degrees_of_freedom"] == pytest.approx(4.0)
+    assert (ahead["low"], ahead["high"]) == (pytest.approx(0.07733, abs=1e-4), pytest.approx(0.12267, abs=1e-4))
+    assert comparison_words("Orchid", "BERT", ahead) == (
+        "Orchid beats BERT by 10.0 points (95% interval of Orchid − BERT: +7.7 to +12.3)")
+    behind = difference_interval([0.80, 0.81, 0.82], [0.90, 0.91, 0.92])
+    assert comparison_words("Orchid", "BERT", behind).startswith("BERT beats Orchid by 10.0 points")
+    assert difference_cell([0.80, 0.81, 0.82], [0.90, 0.91, 0.92]) == "-10.0 (-12.3 to -7.7), beaten"
+    assert difference_cell([0.8], [0.9, 0.91]) == "–" and difference_cell([0.8, 0.9], None) == "–"
+    # Two seeds, however far apart, or runs that do not vary (a constant prediction): no stated difference.
+    assert difference_cell([0.90, 0.91], [0.80, 0.81]) == "+10.0, not sized"
+    assert comparison_words("Orchid", "BERT", difference_interval([0.90, 0.91], [0.80, 0.81])) == (
+        "no difference stated (Orchid − BERT: +10.0 points; fewer than 3 seeds)")
+    constant = difference_interval([0.36, 0.36, 0.36], [0.28, 0.28, 0.28])
+    assert comparison_outcome(constant) == "unsized" and comparison_words("Orchid", "BERT", constant).endswith(
+        "no spread across seeds)")
+    with pytest.raises(ValueError, match=r"first has 1 score\(s\) \[0.8\]; an interval needs at least two seeds"):
+        difference_interval([0.8], [0.9, 0.91])
+    with pytest.raises(ValueError, match="confidence must lie strictly between 0 and 1, got 1.5"):
+        difference_interval([0.8, 0.9], [0.9, 0.91], confidence=1.5)
 
 
 def test_the_time_note_says_how_the_runs_shared_the_machine():
@@ -470,27 +509,33 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
             for line in blocks["grid"].splitlines() if line.startswith("| novel") or line.startswith("| same")}
     assert blocks["grid"].splitlines()[0] == (
         "| task | model | start | validation % at lr 0.0001 | validation % at lr 0.0003 | validation % at lr 0.001 | "
-        "chosen lr | test % at the chosen lr (mean; seeds) |"
+        "chosen lr | test % at the chosen lr (mean; seeds) | test: − BERT, points (95% interval) |"
     )
-    # Validation accuracy for every grid point, the chosen one in bold; test accuracy for the chosen point only.
+    # Validation accuracy for every grid point, the chosen one in bold; test accuracy for the chosen point only, and
+    # its difference from BERT's: 43.0 - 50.0 = -7.0, BERT's seeds all 50.0, Orchid's variance 4 (points²) over 3
+    # seeds, so a standard error of 1.155 on 2 degrees of freedom (t = 4.303): -7.0 ± 4.97.
     assert rows["| novel attribution, 128 tokens | Orchid | pretrained"].endswith(
-        "| 30.0 | **40.0** | 40.0 | 0.0003 | 43.0 (41.0 / 43.0 / 45.0) |"
+        "| 30.0 | **40.0** | 40.0 | 0.0003 | 43.0 (41.0 / 43.0 / 45.0) | -7.0 (-12.0 to -2.0), beaten |"
     )
     assert rows["| novel attribution, 128 tokens | BERT | pretrained"].endswith(
-        "| **35.0** | 33.0 | 20.0 | 0.0001 | 50.0 (50.0 / 50.0 / 50.0) |"
+        "| **35.0** | 33.0 | 20.0 | 0.0001 | 50.0 (50.0 / 50.0 / 50.0) | – |"
     )
     assert rows["| same novel, pairs of 2 × 64 tokens | Orchid | scratch"].endswith(
-        "| 60.0 | **70.0** | 50.0 | 0.0003 | – |"
+        "| 60.0 | **70.0** | 50.0 | 0.0003 | – | – |"
     )
     assert "Each grid point: 3 epochs (1 for novel attribution, 2048 tokens), seed 0," in blocks["grid"]
     assert "time" not in blocks["grid"]  # the grid's runs may share a machine many at a time: no speed comparison
-    assert "| 2 × 64 tokens | Orchid | pretrained | 65.0 (60.0 / 70.0) | 2.0 min |" in blocks["pairs"]
+    # Two seeds each: 65.0 - 55.0 = +10.0, too few seeds to state a difference.
+    row = "| 2 × 64 tokens | Orchid | pretrained | 65.0 (60.0 / 70.0) | +10.0, not sized | 2.0 min |"
+    assert row in blocks["pairs"]
     assert ("| novel attribution, 128 tokens, pretrained, lr chosen on validation chapters | 43.0% | BERT 50.0% | "
-            "3 seeds; lr 0.0003 vs 0.0001; bag of words 90.0% |") in blocks["headline"]  # fmt: skip
+            "3 seeds, BERT beats Orchid by 7.0 points (95% interval of Orchid − BERT: -12.0 to -2.0); lr 0.0003 vs "
+            "0.0001; bag of words 90.0% |") in blocks["headline"]  # fmt: skip
     assert blocks["grid"].endswith("C among 0.1, 1 chosen on the validation chapters, trained on the training "
                                    "chapters), on the test chapters: novel attribution, 128 tokens 90.0% (C 1; "
                                    "majority class 22.8%).")  # fmt: skip
-    assert "| same novel, pairs of 2 × 64 tokens, pretrained | 65.0% | BERT 55.0% | 2 seeds;" in blocks["headline"]
+    assert ("| same novel, pairs of 2 × 64 tokens, pretrained | 65.0% | BERT 55.0% | 2 seeds, no difference stated "
+            "(Orchid − BERT: +10.0 points; fewer than 3 seeds);") in blocks["headline"]  # fmt: skip
     assert f"<!-- real-data:headline -->\n{blocks['headline']}\n" in readme.read_text()
 
     # Runs at another learning rate than the grid's choice are refused, not shown as the chosen point's.
@@ -967,3 +1012,27 @@ def test_the_long_context_jobs_train_on_equal_tokens(tmp_path):
     assert len(logs) == 16 and phases == sorted(phases)
     report = time_report(out / "ctx-orchid-2048-extended.time")
     assert report["command"].startswith("echo scripts/pretrain_mlm.py ") and report["peak_memory_mib"] > 0
+
+
+def test_logistic_regression_floor_on_idx_files(tmp_path):
+    """The floor of the Fashion-MNIST comparison: the same IDX loading and confusion matrix as the recipe."""
+    root = write_idx_folder(tmp_path / "idx", train=60, test=30)
+    out = tmp_path / "logreg"
+    results = load_script("image_baseline").main(
+        ["--train_dir", str(root), "--output_dir", str(out), "--class_names", "left", "middle", "right",
+         "--max_iter", "50"]
+    )  # fmt: skip
+    matrix = np.array(results["confusion_matrix"])
+    assert matrix.shape == (3, 3) and matrix.sum() == 30 and results["num_train"] == 60
+    assert results["accuracy"] == np.trace(matrix) / 30 == 1.0  # the bands are linearly separable
+    assert results["num_parameters"] == 3 * 28 * 28 + 3
+    assert json.loads((out / "results.json").read_text())["accuracy"] == results["accuracy"]
+    assert np.array_equal(np.loadtxt(out / "confusion_matrix.csv", delimiter=",", dtype=int), matrix)
+    assert (out / "confusion_matrix.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="class_names gives 2 names, but the labels have 3 classes"):
+        logistic_regression_baseline(root, out, class_names=["a", "b"])
+    (tmp_path / "train-only").mkdir()
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte"):
+        (tmp_path / "train-only" / name).write_bytes((root / name).read_bytes())
+    with pytest.raises(ValueError, match="no t10k-images/t10k-labels IDX files"):
+        logistic_regression_baseline(tmp_path / "train-only", out)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import BertForMaskedLM
 
 from experiments.recall import (
-    NormalizedConditioning,
+    BLOCKS,
     RecallConfig,
     ShiftedEmbedding,
     build_model,
@@ -115,6 +115,37 @@ def test_the_models_are_the_products_classes():
     inputs, _ = generate_batch(3, 20, 128, torch.Generator().manual_seed(5))
     for model in (orchid, static, bert):
         assert query_logits(model, inputs).shape == (3, 21)
+
+
+def test_the_conditioning_norm_normalises_both_convolutions_and_keeps_padding_zero():
+    model = build_model(RecallConfig(vocab_size=8, seq_len=16, hidden_size=16, conditioning_norm=True))
+    conditioning = model.orchid.encoder.layer[0].mixer.conditioning
+    assert {"time_norm.weight", "freq_norm.bias"} <= set(conditioning.state_dict())  # trained and saved with it
+    seen = {}
+
+    def spy(name):
+        def keep(module, args, output) -> None:
+            seen[name] = output
+
+        return keep
+
+    spies = [getattr(conditioning, name).register_forward_hook(spy(name)) for name in ("time_conv", "freq_conv")]
+    inputs, _ = generate_batch(2, 8, 16, torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        model(input_ids=inputs)
+    for spied in spies:
+        spied.remove()
+    assert set(seen) == {"time_conv", "freq_conv"}
+    for output in seen.values():  # registered after the norms' hooks, the spies saw what those return: normalised
+        assert torch.allclose(output.mean(-1), torch.zeros(output.shape[:-1]), atol=1e-5)
+        assert torch.allclose(output.var(-1, unbiased=False), torch.ones(output.shape[:-1]), atol=1e-3)
+    mask = torch.ones(1, 16, 1, dtype=torch.bool)
+    mask[0, 10:] = False
+    with torch.no_grad():
+        keys = conditioning.time_conv(torch.randn(1, 16, 16), mask, False)
+    assert keys[0, 10:].abs().max() == 0 and keys[0, :10].abs().min() > 0
+    plain = build_model(RecallConfig(vocab_size=8, seq_len=16, hidden_size=16))
+    assert not hasattr(plain.orchid.encoder.layer[0].mixer.conditioning, "time_norm")
 
 
 def test_the_shift_mixes_each_token_with_its_neighbours_and_keeps_the_decoder_tied():
@@ -297,24 +328,27 @@ def test_a_results_page_is_rebuilt_from_its_run_files(tmp_path):
     (runs / "grid" / "a.json").write_text(json.dumps(fake_result(lr=5e-4)))
     (runs / "grid" / "b.json").write_text(json.dumps(fake_result(model="static")))
     (runs / "main.json").write_text(json.dumps(fake_result(vocab_size=30)))
-    page = ("# Page\n\n<!-- generated table grid/*.json -->\n| stale |\n<!-- end generated -->\n\nText.\n\n"
-            "<!-- generated figure *.json main.png -->\nold\n<!-- end generated -->\n")  # fmt: skip
+    page = ("# Page\n\n<!-- recall:table grid/*.json -->\n| stale |\n<!-- /recall:table grid/*.json -->\n\nText.\n\n"
+            "<!-- recall:figure *.json main.png -->\nold\n<!-- /recall:figure *.json main.png -->\n")  # fmt: skip
     rendered = render_page(page, runs)
     table = results_table([runs / "grid" / "a.json", runs / "grid" / "b.json"])
-    assert rendered == ("# Page\n\n<!-- generated table grid/*.json -->\n" + table + "<!-- end generated -->\n\nText."
-                        "\n\n<!-- generated figure *.json main.png -->\n![learning curves](main.png)\n"
-                        "<!-- end generated -->\n")  # fmt: skip
+    assert rendered == ("# Page\n\n<!-- recall:table grid/*.json -->\n" + table + "<!-- /recall:table grid/*.json -->"
+                        "\n\nText.\n\n<!-- recall:figure *.json main.png -->\n![learning curves](main.png)\n"
+                        "<!-- /recall:figure *.json main.png -->\n")  # fmt: skip
     assert "| 0.0005 | 100 | 50.0 | 50.0 |" in table and "| static" in table
     assert render_page(rendered, runs) == rendered  # rebuilding an up-to-date page changes nothing
     with pytest.raises(ValueError, match="no run files match 'other/\\*.json'"):
-        render_page("<!-- generated table other/*.json -->\n<!-- end generated -->", runs)
+        render_page("<!-- recall:table other/*.json -->\n<!-- /recall:table other/*.json -->", runs)
+    with pytest.raises(ValueError, match="named 'table PATTERN' or 'figure PATTERN PNG', got 'figure main.json'"):
+        render_page(f"<!-- {BLOCKS}:figure main.json -->\n<!-- /{BLOCKS}:figure main.json -->", runs)
 
 
 @pytest.mark.slow
 def test_a_results_page_draws_its_figures(tmp_path):
     pytest.importorskip("matplotlib")
     (tmp_path / "run.json").write_text(json.dumps(fake_result()))
-    render_page("<!-- generated figure run.json curves.png -->\n<!-- end generated -->\n", tmp_path, tmp_path)
+    render_page("<!-- recall:figure run.json curves.png -->\n<!-- /recall:figure run.json curves.png -->\n", tmp_path,
+                tmp_path)
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
@@ -325,6 +359,7 @@ def test_training_ends_where_stop_says_with_a_last_evaluation():
     calls = itertools.count(1)
     result = train(config, progress=False, device=torch.device("cpu"), stop=lambda: next(calls) >= 3)
     assert result["steps_done"] == 3 and not result["finished"]
+    assert len(result["commit"]) == 40 and result["machine"]["torch_threads"] == config.threads  # where it was run
     assert [point["step"] for point in result["curve"]] == [3]
     assert 0 <= result["test_accuracy"] <= 1 and result["curve"][0]["train_loss"] > 0
 
@@ -347,7 +382,7 @@ FLAGS = [
      lambda c, m: (m.config.conditioning_time_layers, m.config.conditioning_freq_layers) == (3, 3)),
     (["--filter_spectrum", "convolution"], lambda c, m: m.config.filter_spectrum == "convolution"),
     (["--conditioning_norm"],
-     lambda c, m: isinstance(m.orchid.encoder.layer[0].mixer.conditioning, NormalizedConditioning)),
+     lambda c, m: c["conditioning_norm"] and hasattr(m.orchid.encoder.layer[0].mixer.conditioning, "time_norm")),
     (["--model", "transformer", "--transformer_positions", "rotary"],
      lambda c, m: type(m).__name__ == "RoFormerForMaskedLM"),
     (["--model", "transformer", "--transformer_positions", "sinusoidal"],
@@ -403,8 +438,8 @@ def test_the_script_prints_the_table_and_plots_the_curves(tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--plot", str(tmp_path / "x.png")])
     page = tmp_path / "page.md"
-    page.write_text("<!-- generated table orchid.json -->\n<!-- end generated -->\n"
-                    "<!-- generated figure *.json page_curves.png -->\n<!-- end generated -->\n")  # fmt: skip
+    page.write_text("<!-- recall:table orchid.json -->\n<!-- /recall:table orchid.json -->\n"
+                    "<!-- recall:figure *.json page_curves.png -->\n<!-- /recall:figure *.json page_curves.png -->\n")
     script.main(["--update_page", str(page), "--runs", str(tmp_path)])
     assert "| orchid / dct / abs" in page.read_text() and "transformer (BertForMaskedLM)" not in page.read_text()
     assert (tmp_path / "page_curves.png").stat().st_size > 1000

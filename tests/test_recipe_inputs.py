@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from experiments.synthetic_text import make_corpus
 from orchid_hf import glue, glue_data, pretraining
+from orchid_hf.demo_data import make_corpus
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 from orchid_hf.vision import main as train_image
 

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 import torch
+from orchid_hf.modeling.orchid_layers import ImplicitFilter
 from transformers import BertConfig, BertForMaskedLM, TrainingArguments
 
-from experiments.transfer.measures import implicit_kernel_rms
 from orchid_hf import OrchidConfig, OrchidForMaskedLM
 from orchid_hf.arguments import ModelArguments, RecipeArguments
 from orchid_hf.extras import require_extra
@@ -327,6 +327,14 @@ def test_filter_parameters_get_their_own_group(tmp_path):
     trainer = _trainer(bert, tmp_path, plan)
     trainer.create_optimizer()
     assert len(trainer.optimizer.param_groups) == 2
+
+
+def implicit_kernel_rms(model: torch.nn.Module) -> dict[str, float]:
+    """The root mean square of the kernel h0 that each implicit filter of ``model`` returns when called, by module
+    name."""
+    with torch.no_grad():
+        return {name: module().float().pow(2).mean().sqrt().item() for name, module in model.named_modules()
+                if isinstance(module, ImplicitFilter)}  # fmt: skip
 
 
 @pytest.mark.parametrize("decay", ["recipe", "m2"])

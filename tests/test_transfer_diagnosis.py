@@ -1,6 +1,7 @@
 """The transfer diagnosis's pieces (experiments/transfer/) on tiny models and generated text: the kernel-width
-measure, linear probes, per-layer features and norms, Orchid's operator measurements, the chapter split, masking and
-a fine-tuning step."""
+measure, linear probes, per-layer features and norms, Orchid's operator measurements read through forward hooks, the
+chapter split, masking by transformers' collator, the package's and transformers' classifiers on the pretrained
+encoder (first-token and mean pooling) and a fine-tuning step."""
 
 import json
 
@@ -12,22 +13,32 @@ from transformers import BertTokenizer
 from experiments.transfer import measures
 from experiments.transfer.data import build_corpus, chapter_split, load_corpus, load_tensors, subset
 from experiments.transfer.models import (
-    CLS_ID,
-    MASK_ID,
-    SEP_ID,
-    Classifier,
+    build_classifier,
     build_mlm_model,
-    encoder_of,
     finetune,
-    mask_tokens,
+    init_pooler_from_mlm,
+    masking,
     parameter_group,
+    pooled_features,
+    pooler_dense,
 )
+from orchid_hf import OrchidConfig, OrchidModel
 from tests.test_novels import SPECIALS, chapter_words, write_novel
 from tests.test_real_data import RunsCodeWhenLoaded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(hidden=32, layers=2, intermediate=64, max_positions=32)
+PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103  # bert-base-uncased's
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A WordPiece tokenizer with bert-base-uncased's special token ids and 2,000 tokens."""
+    specials = {PAD_ID: "[PAD]", 100: "[UNK]", CLS_ID: "[CLS]", SEP_ID: "[SEP]", MASK_ID: "[MASK]"}
+    vocab = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    vocab.write_text("\n".join(specials.get(i, f"word{i}") for i in range(2000)) + "\n")
+    return BertTokenizer(str(vocab), do_lower_case=True)
 
 
 def tiny_split(count: int = 12, length: int = 10, seed: int = 0) -> dict:
@@ -57,7 +68,7 @@ def test_an_impulse_kernel_has_width_one_lag_and_a_low_pass_kernel_is_wider():
     flat = measures.position_zero_response(average)
     assert torch.allclose(flat, torch.full_like(flat, 1 / n), atol=1e-6)
     assert torch.equal(measures.effective_width(flat), torch.full((channels,), 58))
-    summary = measures.summarise_response(response, lags=(1, 4))
+    summary = measures.summarise_responses([response], lags=(1, 4))
     assert summary["median_width_90"] == 1 and summary["energy_within_1"] == pytest.approx(1.0)
 
 
@@ -82,7 +93,7 @@ def test_participation_ratio_counts_the_directions_that_hold_the_variance():
 
 @pytest.mark.parametrize("arch", ["orchid", "bert"])
 def test_layer_features_cover_every_layer_and_ignore_padding(arch):
-    encoder = encoder_of(build_mlm_model(arch, **TINY))
+    encoder = build_mlm_model(arch, **TINY).base_model
     split = tiny_split()
     features = measures.layer_features(encoder, split, batch_size=5)
     assert features["first"].shape == features["mean"].shape == (TINY["layers"] + 1, 12, TINY["hidden"])
@@ -93,16 +104,28 @@ def test_layer_features_cover_every_layer_and_ignore_padding(arch):
     np.testing.assert_allclose(again["mean"], features["mean"], atol=1e-5)
 
 
-def test_orchid_operator_stats_report_widths_within_the_transform_and_a_pooler_measure():
+def test_orchid_operator_stats_read_the_kernels_the_operator_computes_and_a_pooler_measure():
     model = build_mlm_model("orchid", **TINY)
     split = tiny_split()
-    stats = measures.orchid_operator_stats(encoder_of(model), split["input_ids"], split["attention_mask"])
+    stats = measures.orchid_operator_stats(model.base_model, split["input_ids"], split["attention_mask"])
     assert [entry["layer"] for entry in stats] == list(range(TINY["layers"]))
     for entry in stats:
         for kernel in ("static", "data_dependent", "residual"):
             assert 1 <= entry[kernel]["median_width_90"] <= TINY["max_positions"]
             assert 0 <= entry[kernel]["energy_within_1"] <= entry[kernel]["energy_within_16"] <= 1 + 1e-6
-        assert entry["conditioning_rms"] > 0 and entry["mixer_output_rms"] > 0
+        assert entry["conditioning_rms"] > 0 and entry["static_kernel_rms"] > 0 and entry["mixer_output_rms"] > 0
+    # Rows of the model's full length are mixed at its transform length, 32: the static kernel measured is what the
+    # layer's static filter returns there, h0 over its 32 lags.
+    full = torch.randint(1000, 2000, (3, TINY["max_positions"]), generator=torch.Generator().manual_seed(1))
+    stats = measures.orchid_operator_stats(model.base_model, full, torch.ones_like(full))
+    for entry, layer in zip(stats, model.base_model.encoder.layer):
+        with torch.no_grad():
+            kernel = layer.mixer.static_filter(TINY["max_positions"])
+        assert entry["static"] == pytest.approx(measures.summarise_responses([kernel]))
+        assert entry["static_kernel_rms"] == pytest.approx(kernel.pow(2).mean().sqrt().item(), rel=1e-5)
+    with pytest.raises(ValueError, match="reads kernels of the DCT, but layer 0 has transform 'fft'"):
+        measures.orchid_operator_stats(OrchidModel(OrchidConfig(**TINY_CONFIG, transform="fft")), full,
+                                       torch.ones_like(full))  # fmt: skip
     dense = torch.nn.Linear(4, 4)
     with torch.no_grad():
         dense.weight.copy_(torch.eye(4) * 100)
@@ -111,16 +134,22 @@ def test_orchid_operator_stats_report_widths_within_the_transform_and_a_pooler_m
     assert measures.pooler_saturation(torch.full((2, 4), 1e-4), dense)["saturated_fraction"] == 0.0
 
 
-def test_masking_never_touches_special_tokens_and_keeps_the_rate():
+TINY_CONFIG = dict(vocab_size=2000, hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                   max_position_embeddings=32, filter_width=16)  # fmt: skip
+
+
+def test_masking_never_touches_special_tokens_and_keeps_the_rate(tokenizer):
     ids = torch.randint(1000, 2000, (64, 32))
-    ids[:, 0], ids[:, -1], ids[:, -4:-1] = CLS_ID, SEP_ID, 0
-    inputs, labels = mask_tokens(ids, 0.3, torch.Generator().manual_seed(0))
-    special = (ids == CLS_ID) | (ids == SEP_ID) | (ids == 0)
+    ids[:, 0], ids[:, -1], ids[:, -4:-1] = CLS_ID, SEP_ID, PAD_ID
+    batch = masking(tokenizer, 0.3, seed=0)(list(ids))
+    inputs, labels = batch["input_ids"], batch["labels"]
+    special = (ids == CLS_ID) | (ids == SEP_ID) | (ids == PAD_ID)
     assert (labels[special] == -100).all() and torch.equal(inputs[special], ids[special])
     chosen = labels != -100
     assert 0.25 < chosen.float().sum() / (~special).sum() < 0.35
-    assert torch.equal(labels[chosen], ids[chosen])
+    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
     assert 0.7 < (inputs[chosen] == MASK_ID).float().mean() < 0.9
+    assert torch.equal(masking(tokenizer, 0.3, seed=0)(list(ids))["input_ids"], inputs)  # seeded: the same masks
 
 
 def test_the_corpus_keeps_test_chapters_out_of_pretraining(tmp_path):
@@ -174,12 +203,39 @@ def test_finetuning_learns_a_separable_task_and_records_gradients_per_layer():
     split = tiny_split(count=48)
     split["labels"] = (split["input_ids"][:, 1] >= 1500).long()  # the first word's id tells the class
     split["input_ids"][:, 1] = torch.where(split["labels"] == 1, 1900, 1100)
-    model = Classifier(encoder_of(build_mlm_model("orchid", **TINY)), TINY["hidden"], 2, "mean")
+    model = build_classifier(build_mlm_model("orchid", **TINY), 2, "mean")
     log = finetune(model, split, {"train": split}, epochs=6, lr=3e-3, batch_size=8, grad_steps=2)
     assert log["final"]["train"] == 1.0
     assert set(log["first_step_gradient_norms"]) == {"embeddings", "layer.0", "layer.1", "head"}
     assert all(len(norms) == 2 for norms in log["first_step_gradient_norms"].values())
-    assert parameter_group("encoder_model.encoder.layer.1.mixer.in_proj.weight") == "layer.1"
+    assert parameter_group("orchid.encoder.layer.1.mixer.in_proj.weight") == "layer.1"
+    assert parameter_group("bert.pooler.dense.weight") == parameter_group("classifier.bias") == "head"
+
+
+@pytest.mark.parametrize("arch", ["orchid", "bert"])
+@pytest.mark.parametrize("pooling", ["first", "mean"])
+def test_the_classifier_is_the_library_class_on_the_pretrained_encoder_and_pools_as_asked(arch, pooling):
+    mlm = build_mlm_model(arch, **TINY)
+    classifier = build_classifier(mlm, 3, pooling).eval()
+    assert type(classifier).__name__ == f"{'Orchid' if arch == 'orchid' else 'Bert'}ForSequenceClassification"
+    assert classifier.config.num_labels == 3
+    for name, tensor in mlm.base_model.state_dict().items():
+        assert torch.equal(classifier.base_model.state_dict()[name], tensor), name
+    split = tiny_split()
+    ids, mask = split["input_ids"], split["attention_mask"]
+    with torch.no_grad():
+        hidden = mlm.base_model.eval()(ids, attention_mask=mask).last_hidden_state
+    real = mask.unsqueeze(-1).float()
+    expected = hidden[:, 0] if pooling == "first" else (hidden * real).sum(1) / real.sum(1)
+    torch.testing.assert_close(pooled_features(classifier, ids, mask), expected, atol=1e-5, rtol=1e-5)
+    logits = classifier(input_ids=ids, attention_mask=mask).logits
+    dense = pooler_dense(classifier)
+    torch.testing.assert_close(logits, classifier.classifier(torch.tanh(dense(expected))), atol=1e-5, rtol=1e-5)
+    init_pooler_from_mlm(classifier, mlm)
+    source = mlm.lm_head.dense if arch == "orchid" else mlm.cls.predictions.transform.dense
+    assert torch.equal(dense.weight, source.weight) and torch.equal(dense.bias, source.bias)
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        build_classifier(mlm, 3, "max")
 
 
 def test_the_finetuning_table_gives_the_seeds_mean_of_each_setting_run_with_several(tmp_path):
@@ -197,6 +253,28 @@ def test_the_finetuning_table_gives_the_seeds_mean_of_each_setting_run_with_seve
     rows = report.finetune_table(tmp_path)
     header = "| model | pooling | pooler init | epochs | lr | seeds | mean validation % | mean test % |"
     assert rows[rows.index(header) + 2:] == ["| orchid-pt600-s0 | mean | random | 3 | 0.001 | 0, 1 | 45.0 | 46.0 |"]
+
+
+def test_the_operator_table_says_how_each_run_measured_its_kernels(tmp_path):
+    from experiments.transfer import report
+
+    model = build_mlm_model("orchid", **TINY)
+    split = tiny_split()
+    layers = measures.orchid_operator_stats(model.base_model, split["input_ids"], split["attention_mask"])
+    pooler = {"pooled_feature_rms": 1.0, "tanh_input_rms": 0.2, "saturated_fraction": 0.0}
+    poolers = {f"pooler_{p}{init}": pooler for p in ("first", "mean") for init in ("", "_mlm_init")}
+    (tmp_path / "operator-orchid-random-s0.json").write_text(json.dumps({"model": "orchid-random-s0", "layers": layers,
+                                                                          **poolers}))
+    earlier = [{("static_multiplier_rms" if key == "static_kernel_rms" else key): value for key, value in entry.items()}
+               for entry in layers]  # fmt: skip
+    (tmp_path / "operator-orchid-random-s1.json").write_text(json.dumps({"model": "orchid-random-s1", "layers": earlier,
+                                                                          **poolers}))
+    text = "\n".join(report.operator_table(tmp_path))
+    assert "Kernels measured on position 0's row of each long convolution C^T diag(M) C" in text
+    assert "Kernels measured on the kernels the operator's modules return" in text
+    assert "| conditioning RMS / static kernel h0 RMS |" in text
+    assert "| conditioning RMS / static multiplier RMS |" in text
+    assert text.count("| orchid-random-s0 | 0 |") == text.count("| orchid-random-s1 | 1 |") == 1
 
 
 def test_filter_table_reads_saved_models(tmp_path):

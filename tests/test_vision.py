@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification, pipeline
 
-from experiments.real_data.baselines import logistic_regression_baseline
 from orchid_hf import OrchidConfig, OrchidForImageClassification
 from orchid_hf.arguments import ModelArguments
 from orchid_hf.model_loading import check_head_size
@@ -38,7 +37,6 @@ from orchid_hf.vision import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import image_baseline  # noqa: E402
 import train_image  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -608,27 +606,3 @@ def test_grey_idx_images_with_orchid_and_a_vit_baseline(tmp_path, one_thread):
             label = model.config.id2label[int(model(**inputs).logits.argmax(-1))]
         assert label in {"left", "middle", "right"}
     assert "Orchid" not in (tmp_path / "vit" / "README.md").read_text()  # the baseline gets Trainer's card
-
-
-def test_logistic_regression_floor_on_idx_files(tmp_path):
-    """The floor of the Fashion-MNIST comparison: the same IDX loading and confusion matrix as the recipe."""
-    root = write_idx_folder(tmp_path / "idx", train=60, test=30)
-    out = tmp_path / "logreg"
-    results = image_baseline.main(
-        ["--train_dir", str(root), "--output_dir", str(out), "--class_names", "left", "middle", "right",
-         "--max_iter", "50"]
-    )  # fmt: skip
-    matrix = np.array(results["confusion_matrix"])
-    assert matrix.shape == (3, 3) and matrix.sum() == 30 and results["num_train"] == 60
-    assert results["accuracy"] == np.trace(matrix) / 30 == 1.0  # the bands are linearly separable
-    assert results["num_parameters"] == 3 * 28 * 28 + 3
-    assert json.loads((out / "results.json").read_text())["accuracy"] == results["accuracy"]
-    assert np.array_equal(np.loadtxt(out / "confusion_matrix.csv", delimiter=",", dtype=int), matrix)
-    assert (out / "confusion_matrix.png").stat().st_size > 0
-    with pytest.raises(ValueError, match="class_names gives 2 names, but the labels have 3 classes"):
-        logistic_regression_baseline(root, out, class_names=["a", "b"])
-    (tmp_path / "train-only").mkdir()
-    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte"):
-        (tmp_path / "train-only" / name).write_bytes((root / name).read_bytes())
-    with pytest.raises(ValueError, match="no t10k-images/t10k-labels IDX files"):
-        logistic_regression_baseline(tmp_path / "train-only", out)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import provenance, write_json
 from orchid_hf.extras import require_extra
-from orchid_hf.runs import write_json
 from orchid_hf.vision.data import load_idx_arrays
 from orchid_hf.vision.report import confusion_matrix, plot_confusion_matrix
 
@@ -69,6 +69,7 @@ def logistic_regression_baseline(
         "per_class_accuracy": {n: float(matrix[i, i] / max(matrix[i].sum(), 1)) for i, n in enumerate(names)},
         "confusion_matrix": matrix.tolist(),
         "train_seconds": round(train_seconds, 2),
+        **provenance(),
     }  # fmt: skip
     write_json(output_dir / "results.json", results)
     np.savetxt(output_dir / "confusion_matrix.csv", matrix, fmt="%d", delimiter=",")
@@ -175,6 +176,7 @@ def text_logistic_regression_baseline(
                   "features": "token frequencies" if len(splits["train"][0][0]) == 1
                   else "tokens both passages contain, and tokens only one contains"},
         **choose_and_score(features, labels, C, max_iter),
+        **provenance(),
     }  # fmt: skip
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from orchid_hf.runs import write_json
+from benchmarks.harness import provenance, write_json
 
 # The recipe's masking rate (orchid-bert-base-mlm), which every pretraining run of the comparison trained with.
 MLM_PROBABILITY = 0.3
@@ -228,6 +228,7 @@ def evaluate_contexts(
         "rare_below": rare_below,
         "category_blocks": [lengths[0], lengths[-1]],
         "evaluations": evaluations,
+        **provenance(),
     }
     write_json(Path(output_dir) / "results.json", results)
     return results

@@ -12,10 +12,11 @@ Austen's six novels.
 from __future__ import annotations
 
 import csv
-import json
 import random
 import re
 from pathlib import Path
+
+from benchmarks.harness import provenance, write_json
 
 # "CHAPTER I", "Chapter 12", "CHAPTER XLV." on a line of their own.
 CHAPTER_HEADING = re.compile(r"^\s*chapter\s+([0-9]+|[ivxlcdm]+)\.?\s*$", re.IGNORECASE)
@@ -192,7 +193,7 @@ def write_attribution_task(
     _write_csv(out_dir / f"{TRAINVAL}.csv", ("sentence", "label"), rows)
     counts[TRAINVAL] = {name: counts["train"].get(name, 0) + counts["validation"].get(name, 0) for name in chapters}
     counts["chapters"] = chapters
-    (out_dir / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+    write_json(out_dir / "counts.json", {**counts, **provenance()})
     return counts
 
 
@@ -268,7 +269,7 @@ def write_pair_task(
     _write_csv(out_dir / f"{TRAINVAL}.csv", header, pairs["train"] + pairs["validation"])
     counts[TRAINVAL] = {label: counts["train"][label] + counts["validation"][label] for label in (SAME, DIFFERENT)}
     counts["chapters"] = chapters
-    (out_dir / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+    write_json(out_dir / "counts.json", {**counts, **provenance()})
     return counts
 
 

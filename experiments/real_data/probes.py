@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from benchmarks.harness import provenance, write_json
 from experiments.real_data.baselines import check_logistic_settings, choose_and_score, read_task_csv
 from orchid_hf.extras import require_extra
-from orchid_hf.runs import write_json
 
 INITS = ("pretrained", "random")
 LAYERS = ("embeddings", "last")
@@ -112,9 +112,8 @@ def frozen_feature_pair_probe(
         scaled = (encoded[layer] - mean) / spread
         features = {name: pair_features(scaled[r[:, 0]], scaled[r[:, 1]]) for name, r in rows.items()}
         results["layers"][layer] = choose_and_score(features, labels, C, max_iter)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_json(output_dir / "results.json", results)
+    results.update(provenance())
+    write_json(Path(output_dir) / "results.json", results)
     return results
 
 

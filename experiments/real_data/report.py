@@ -5,19 +5,23 @@
 the recipes write); :func:`render_report` makes the tables, the plots and the README's headline table from those
 files alone, so the report can be rebuilt from the repository. Generated text goes between
 ``<!-- real-data:NAME -->`` and ``<!-- /real-data:NAME -->`` markers; everything else in the files is left as is.
+
+Where a table or a headline compares two models, it gives the difference of their mean per-seed scores with its 95%
+interval (:func:`difference_interval`), and says that one model beats the other only where that interval excludes
+zero (:func:`comparison_words`); otherwise the two are level.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pickletools
-import platform
 import re
 import statistics
 import zipfile
 from pathlib import Path
 
-from orchid_hf.runs import write_json
+from benchmarks.harness import commit_text, machine_text, provenance, replace_block, table_lines, write_json
 
 # Run folders of scripts/real_data.sh.
 # pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate).
@@ -51,6 +55,9 @@ ARCH_NAMES = {"orchid": "Orchid", "bert": "BERT", "vit": "ViT", "logreg": "logis
 IMAGE_ORDER = {"orchid": 0, "vit": 1, "logreg": 2}  # rows and panels: Orchid, its baseline, the floor
 RECORD_KINDS = ("pretraining", "attribution", "pairs", "grid", "floor", "probe", "image", "context", "context-eval")
 BLOCKS = "real-data"  # the generated blocks of docs/results/real_data.md and the README: <!-- real-data:NAME -->
+# The model each comparison measures Orchid against: BERT on text, ViT on images.
+BASELINES = {"text": "bert", "image": "vit"}
+CONFIDENCE = 0.95
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,9 +330,11 @@ def collect_runs(
     runs_dir: str | Path, results_dir: str | Path, threads_per_run: int = 1, runs_at_a_time: int = 2
 ) -> list[str]:
     """One JSON per finished run of ``runs_dir`` (a run is finished when its folder has ``results.json``) in
-    ``results_dir``, plus ``machine.json`` (:func:`machine_description`, with the threads of each run and the runs
-    at a time that scripts/real_data.sh used); returns the run names collected."""
+    ``results_dir``, plus ``machine.json`` (:func:`sharing_record`); returns the run names collected. Every file
+    records the commit and the machine of the tree that collects the runs (:func:`benchmarks.harness.provenance`):
+    scripts/real_data.sh collects its runs where it ran them."""
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
+    made = provenance(threads_per_run)
     collected = []
     for folder in sorted(p for p in runs_dir.iterdir() if (p / "results.json").is_file()):
         name = folder.name
@@ -349,28 +358,26 @@ def collect_runs(
             record = context_record(folder, match)
         else:
             continue
-        write_json(results_dir / f"{name}.json", record)
+        write_json(results_dir / f"{name}.json", {**record, **made})
         collected.append(name)
     if not collected:
         raise ValueError(f"{runs_dir} has no finished run (a folder with results.json) of scripts/real_data.sh")
-    write_json(results_dir / "machine.json", machine_description(threads_per_run, runs_at_a_time))
+    write_json(results_dir / "machine.json", sharing_record(made, threads_per_run, runs_at_a_time))
     return collected
 
 
-def machine_description(threads_per_run: int = 1, runs_at_a_time: int = 2) -> dict:
-    """This machine, and how the runs shared it: ``threads_per_run`` threads each, ``runs_at_a_time`` at a time."""
-    import os
+def sharing_record(made: dict, threads_per_run: int, runs_at_a_time: int) -> dict:
+    """``machine.json``: where the runs were collected (``made``, :func:`benchmarks.harness.provenance`) and how they
+    shared the machine: ``threads_per_run`` threads each, ``runs_at_a_time`` at a time."""
+    return {**made, "threads_per_run": threads_per_run, "runs_at_a_time": runs_at_a_time}
 
-    import torch
 
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads_per_run": threads_per_run,
-        "runs_at_a_time": runs_at_a_time,
-    }
+def machine_block(record: dict, how: str) -> str:
+    """The machine of ``machine.json`` in a sentence, then ``how`` the runs shared it; with the commit where the file
+    records one. A file written before machine.json recorded the commit holds the machine's description at its top
+    level."""
+    text = f"{machine_text(record.get('machine', record))}; {how}"
+    return text if "commit" not in record else f"{text} Collected at {commit_text(record)}."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,15 +396,110 @@ def load_records(results_dir: str | Path) -> dict[str, list[dict]]:
 
 
 def _mean_and_runs(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """The mean of the per-seed ``values`` and each of them: ``56.9 (57.0 / 51.3 / 62.4)``."""
     runs = " / ".join(f"{v * scale:.{digits}f}" for v in values)
     if len(values) == 1:
         return runs
     return f"{statistics.mean(values) * scale:.{digits}f} ({runs})"
 
 
+# ---------------------------------------------------------------------------------------------
+# Differences between two models, with their intervals
+# ---------------------------------------------------------------------------------------------
+
+
+def difference_interval(first: list[float], second: list[float], confidence: float = CONFIDENCE) -> dict:
+    """The difference of two models' mean per-seed scores, ``first``'s minus ``second``'s, and its ``confidence``
+    interval: Welch's t interval on the per-seed values (``difference``, ``low``, ``high``, ``confidence``, and
+    Welch's ``degrees_of_freedom``).
+
+    Welch's interval, not one paired by seed: a seed here fixes a fine-tuning run's initialisation and data order,
+    but the two models start from weights of their own and take different paths through those batches, so a seed is
+    no shared condition that would make their scores move together; and a comparison may have more seeds on one side.
+    Welch's interval assumes neither pairing nor equal variances. Where neither side varies across its seeds the
+    interval is the difference itself.
+
+    A ValueError names a side with fewer than two scores (no variance to estimate) or a confidence outside (0, 1)."""
+    from scipy.stats import t
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+    for name, values in (("first", first), ("second", second)):
+        if len(values) < 2:
+            raise ValueError(f"{name} has {len(values)} score(s) {list(values)}; an interval needs at least two seeds "
+                             "per model")  # fmt: skip
+    difference = statistics.mean(first) - statistics.mean(second)
+    shares = [statistics.variance(values) / len(values) for values in (first, second)]
+    spread = sum(shares)
+    seeds = min(len(first), len(second))
+    if spread == 0:
+        return {"difference": difference, "low": difference, "high": difference, "confidence": confidence,
+                "degrees_of_freedom": math.inf, "seeds": seeds}  # fmt: skip
+    freedom = spread**2 / sum(share**2 / (len(values) - 1) for share, values in zip(shares, (first, second)))
+    half_width = t.ppf(0.5 + confidence / 2, freedom) * math.sqrt(spread)
+    return {"difference": difference, "low": difference - half_width, "high": difference + half_width,
+            "confidence": confidence, "degrees_of_freedom": freedom, "seeds": seeds}  # fmt: skip
+
+
+# The fewest seeds per model on which a stated difference rests.
+MIN_SEEDS_FOR_A_DIFFERENCE = 3
+
+
+def comparison_outcome(interval: dict) -> str:
+    """``"beats"`` where the interval lies above zero, ``"beaten"`` where it lies below, ``"level"`` where it holds
+    zero; ``"unsized"`` where either model has fewer than ``MIN_SEEDS_FOR_A_DIFFERENCE`` seeds, or neither varies
+    across its seeds (runs that all give one constant prediction have no spread to size an interval by): no
+    difference is stated."""
+    if interval.get("seeds", 0) < MIN_SEEDS_FOR_A_DIFFERENCE or interval["low"] == interval["high"]:
+        return "unsized"
+    if interval["low"] > 0:
+        return "beats"
+    return "beaten" if interval["high"] < 0 else "level"
+
+
+def comparison_words(first: str, second: str, interval: dict, scale: float = 100.0, digits: int = 1,
+                     unit: str = "points") -> str:
+    """A comparison in words: ``first`` beats ``second`` (or the other way round) only where the interval of the
+    difference excludes zero; otherwise the two are level. Scores are shown times ``scale`` (percentage points)."""
+    difference, low, high = (scale * interval[key] for key in ("difference", "low", "high"))
+    share = f"{100 * interval['confidence']:g}%"
+    outcome = comparison_outcome(interval)
+    if outcome == "unsized":
+        why = "no spread across seeds" if low == high else f"fewer than {MIN_SEEDS_FOR_A_DIFFERENCE} seeds"
+        return f"no difference stated ({first} − {second}: {difference:+.{digits}f} {unit}; {why})"
+    if outcome == "level":
+        return (f"{first} and {second} are level ({first} − {second}: {difference:+.{digits}f} {unit}, {share} "
+                f"interval {low:+.{digits}f} to {high:+.{digits}f})")
+    winner, loser = (first, second) if difference > 0 else (second, first)
+    return (f"{winner} beats {loser} by {abs(difference):.{digits}f} {unit} ({share} interval of {first} − {second}: "
+            f"{low:+.{digits}f} to {high:+.{digits}f})")
+
+
+def difference_cell(first: list[float], second: list[float] | None, scale: float = 100.0, digits: int = 1) -> str:
+    """A table's cell of the difference of two models' per-seed scores (times ``scale``) and its interval, and
+    whether the first ``beats`` the second, is ``beaten`` or ``level``; ``–`` where a side has fewer than two seeds
+    or there is no second model."""
+    if second is None or len(first) < 2 or len(second) < 2:
+        return "–"
+    interval = difference_interval(first, second)
+    difference, low, high = (scale * interval[key] for key in ("difference", "low", "high"))
+    outcome = comparison_outcome(interval)
+    if outcome == "unsized":
+        return f"{difference:+.{digits}f}, not sized"
+    return f"{difference:+.{digits}f} ({low:+.{digits}f} to {high:+.{digits}f}), {outcome}"
+
+
+def interval_note(baseline: str) -> str:
+    """The note under a table with a column of differences (:func:`difference_cell`)."""
+    return (f"Against {baseline}: the difference of the mean test accuracies in points, with its "
+            f"{100 * CONFIDENCE:g}% interval (Welch's t interval on the per-seed accuracies); a model beats another "
+            "only where the interval excludes zero, otherwise they are level; not sized with fewer than "
+            f"{MIN_SEEDS_FOR_A_DIFFERENCE} seeds or no spread across them.")
+
+
 def time_note(machine: dict) -> str:
-    """The note under each table with training times: how the runs shared the machine (:func:`machine_description`,
-    as kept in machine.json)."""
+    """The note under each table with training times: how the runs shared the machine (:func:`sharing_record`, as kept
+    in machine.json)."""
     threads, jobs = machine.get("threads_per_run", 1), machine.get("runs_at_a_time", 2)
     on = "one thread" if threads == 1 else f"{threads} threads"
     beside = "alone" if jobs == 1 else "beside one other run" if jobs == 2 else f"beside {jobs - 1} other runs"
@@ -421,18 +523,13 @@ def _pretraining_order(record: dict) -> tuple:
 
 
 def pretraining_table(records: list[dict]) -> str:
-    rows = [
-        "| model | parameters | without embeddings | peak lr | steps | training time¹ | held-out MLM loss | "
-        "held-out masked-token accuracy |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in sorted(records, key=_pretraining_order):
-        rows.append(
-            f"| {ARCH_NAMES.get(r['arch'], r['arch'])} | {r['num_parameters'] / 1e6:.2f}M | "
-            f"{r['num_parameters_without_embeddings'] / 1e6:.2f}M | {r['learning_rate']:g} | {r['steps']} | "
-            f"{r['train_seconds'] / 60:.1f} min | {r['eval']['loss']:.3f} | {100 * r['eval']['masked_accuracy']:.1f}% |"
-        )
-    return "\n".join(rows)
+    header = ["model", "parameters", "without embeddings", "peak lr", "steps", "training time¹", "held-out MLM loss",
+              "held-out masked-token accuracy"]
+    rows = [[ARCH_NAMES.get(r["arch"], r["arch"]), f"{r['num_parameters'] / 1e6:.2f}M",
+             f"{r['num_parameters_without_embeddings'] / 1e6:.2f}M", f"{r['learning_rate']:g}", r["steps"],
+             f"{r['train_seconds'] / 60:.1f} min", f"{r['eval']['loss']:.3f}",
+             f"{100 * r['eval']['masked_accuracy']:.1f}%"] for r in sorted(records, key=_pretraining_order)]
+    return "\n".join(table_lines(header, rows))
 
 
 def length_text(task: str, length: int) -> str:
@@ -445,20 +542,22 @@ def task_text(task: str, length: int) -> str:
 
 
 def attribution_table(records: list[dict], task: str = "attribution") -> str:
-    """The runs scored on the test chapters, by length, start, model and variant (``task``: attribution or pairs)."""
-    rows = [
-        f"| {'pair' if task == 'pairs' else 'passage'} | model | start | test accuracy % (mean; seeds) | "
-        "training time¹ (mean) |",
-        "|---|---|---|---|---|",
-    ]
+    """The runs scored on the test chapters, by length, start, model and variant (``task``: attribution or pairs);
+    each model's difference from BERT of the same length and start (:func:`difference_cell`)."""
+    baseline = BASELINES["text"]
     records = [{**r, "variant": r.get("variant") or ""} for r in records]  # "": the run as the recipe has it
-    for (length, init, arch, variant), group in _group(records, "length", "init", "arch", "variant").items():
+    groups = _group(records, "length", "init", "arch", "variant")
+    rows = []
+    for (length, init, arch, variant), group in groups.items():
         model = ARCH_NAMES.get(arch, arch) + (f", {VARIANT_NAMES.get(variant, variant)}" if variant else "")
-        rows.append(
-            f"| {length_text(task, length)} | {model} | {init} | "
-            f"{_mean_and_runs([r['accuracy'] for r in group])} | {_mean_minutes(group):.1f} min |"
-        )
-    return "\n".join(rows)
+        versus = groups.get((length, init, baseline, ""))
+        scores = [r["accuracy"] for r in group]
+        rows.append([length_text(task, length), model, init, _mean_and_runs(scores),
+                     difference_cell(scores, None if arch == baseline else [r["accuracy"] for r in versus or []]),
+                     f"{_mean_minutes(group):.1f} min"])
+    header = ["pair" if task == "pairs" else "passage", "model", "start", "test accuracy % (mean; seeds)",
+              f"− {ARCH_NAMES[baseline]}, points (95% interval)", "training time¹ (mean)"]
+    return "\n".join(table_lines(header, rows)) + "\n\n" + interval_note(ARCH_NAMES[baseline])
 
 
 def grid_choices(records: list[dict]) -> dict[tuple, dict]:
@@ -523,24 +622,23 @@ def grid_table(records: list[dict]) -> str:
     times: the grid's runs may share a machine many at a time (scripts/real_data.sh's JOBS), which makes their times
     no speed comparison; the attribution and pairs tables give those."""
     choices = grid_choices(records)
+    baseline = BASELINES["text"]
     rates = sorted({lr for choice in choices.values() for lr in choice["points"]})
-    rows = [
-        "| task | model | start | " + " | ".join(f"validation % at lr {lr:g}" for lr in rates)
-        + " | chosen lr | test % at the chosen lr (mean; seeds) |",
-        "|---|---|---|" + "---|" * len(rates) + "---|---|",
-    ]
+    header = ["task", "model", "start", *(f"validation % at lr {lr:g}" for lr in rates), "chosen lr",
+              "test % at the chosen lr (mean; seeds)", f"test: − {ARCH_NAMES[baseline]}, points (95% interval)"]
+    rows = []
     for (task, length, init, arch), choice in choices.items():
         cells = []
         for lr in rates:
             value = choice["points"].get(lr)
             text = "–" if value is None else f"{100 * value:.1f}"
             cells.append(f"**{text}**" if lr == choice["chosen"] else text)
-        runs = choice["runs"]
-        test = _mean_and_runs([r["accuracy"] for r in runs]) if runs else "–"
-        rows.append(
-            f"| {task_text(task, length)} | {ARCH_NAMES.get(arch, arch)} | {init} | " + " | ".join(cells)
-            + f" | {choice['chosen']:g} | {test} |"
-        )
+        scores = [r["accuracy"] for r in choice["runs"]]
+        versus = choices.get((task, length, init, baseline))
+        difference = difference_cell(scores, None if arch == baseline or versus is None else
+                                     [r["accuracy"] for r in versus["runs"]])
+        rows.append([task_text(task, length), ARCH_NAMES.get(arch, arch), init, *cells, f"{choice['chosen']:g}",
+                     _mean_and_runs(scores) if scores else "–", difference])
     # The epochs of most tasks, then the tasks trained for other numbers of epochs.
     tasks_by_epochs = {}
     for (task, length, _, _), choice in choices.items():
@@ -554,26 +652,39 @@ def grid_table(records: list[dict]) -> str:
         "and scored on the validation chapters; the best point (in bold; on ties the lowest learning rate) trained "
         "again with each seed and scored on the test chapters."
     )
-    return "\n".join(rows) + "\n\n" + note
+    return "\n".join(table_lines(header, rows)) + "\n\n" + note + " " + interval_note(ARCH_NAMES[baseline])
 
 
 def image_table(records: list[dict]) -> str:
-    rows = [
-        "| model | parameters | test accuracy % (mean; seeds) | training time¹ (mean) |",
-        "|---|---|---|---|",
-    ]
+    """Each image model's test accuracy (mean; seeds), its difference from ViT (:func:`difference_cell`) and its
+    training time."""
+    baseline = BASELINES["image"]
     groups = _group(records, "arch")
+    versus = [r["accuracy"] for r in groups.get((baseline,), [])]
+    rows = []
     for (arch,), group in sorted(groups.items(), key=lambda item: IMAGE_ORDER.get(item[0][0], 9)):
-        rows.append(
-            f"| {ARCH_NAMES.get(arch, arch)} | {group[0]['num_parameters'] / 1e3:.0f}k | "
-            f"{_mean_and_runs([r['accuracy'] for r in group], digits=2)} | {_mean_minutes(group):.1f} min |"
-        )
-    return "\n".join(rows)
+        scores = [r["accuracy"] for r in group]
+        rows.append([ARCH_NAMES.get(arch, arch), f"{group[0]['num_parameters'] / 1e3:.0f}k",
+                     _mean_and_runs(scores, digits=2),
+                     difference_cell(scores, None if arch == baseline else versus, digits=2),
+                     f"{_mean_minutes(group):.1f} min"])
+    header = ["model", "parameters", "test accuracy % (mean; seeds)",
+              f"− {ARCH_NAMES[baseline]}, points (95% interval)", "training time¹ (mean)"]
+    return "\n".join(table_lines(header, rows)) + "\n\n" + interval_note(ARCH_NAMES[baseline])
+
+
+def seeds_and_comparison(first: list[float], second: list[float], second_name: str, digits: int = 1) -> str:
+    """A headline's seeds, and Orchid against ``second_name`` in words (:func:`comparison_words`) where both have at
+    least two seeds."""
+    seeds = f"{len(first)} seed{'s' if len(first) != 1 else ''}"
+    if min(len(first), len(second)) < 2:
+        return seeds
+    return f"{seeds}, {comparison_words('Orchid', second_name, difference_interval(first, second), digits=digits)}"
 
 
 def headline_table(records: dict[str, list[dict]]) -> str:
     """One line per comparison, for the README."""
-    rows = ["| real data | Orchid | baseline | details |", "|---|---|---|---|"]
+    rows = table_lines(["real data", "Orchid", "baseline", "details"], [])
     pretraining = {r["arch"]: r for r in records["pretraining"] if not r.get("variant")}
     if {"orchid", "bert"} <= set(pretraining):
         o, b = pretraining["orchid"], pretraining["bert"]
@@ -588,20 +699,22 @@ def headline_table(records: dict[str, list[dict]]) -> str:
     for length in sorted({key[0] for key in groups}):
         o, b = groups.get((length, "orchid")), groups.get((length, "bert"))
         if o and b:
-            mean = [statistics.mean(r["accuracy"] for r in g) for g in (o, b)]
+            scores = [[r["accuracy"] for r in g] for g in (o, b)]
             time = [_mean_minutes(g) for g in (o, b)]
             rows.append(
-                f"| novel attribution, {length}-token passages, pretrained | {100 * mean[0]:.1f}% | "
-                f"BERT {100 * mean[1]:.1f}% | {len(o)} seeds; fine-tuning {time[0]:.1f} vs {time[1]:.1f} min |"
+                f"| novel attribution, {length}-token passages, pretrained | {100 * statistics.mean(scores[0]):.1f}% | "
+                f"BERT {100 * statistics.mean(scores[1]):.1f}% | {seeds_and_comparison(*scores, 'BERT')}; "
+                f"fine-tuning {time[0]:.1f} vs {time[1]:.1f} min |"
             )
     pairs = _group([r for r in records["pairs"] if r["init"] == "pretrained"], "length", "arch")
     for length in sorted({key[0] for key in pairs}):
         o, b = pairs.get((length, "orchid")), pairs.get((length, "bert"))
         if o and b:
-            mean = [statistics.mean(r["accuracy"] for r in g) for g in (o, b)]
+            scores = [[r["accuracy"] for r in g] for g in (o, b)]
             rows.append(
-                f"| {task_text('pairs', length)}, pretrained | {100 * mean[0]:.1f}% | BERT {100 * mean[1]:.1f}% | "
-                f"{len(o)} seeds; fine-tuning {_mean_minutes(o):.1f} vs {_mean_minutes(b):.1f} min |"
+                f"| {task_text('pairs', length)}, pretrained | {100 * statistics.mean(scores[0]):.1f}% | BERT "
+                f"{100 * statistics.mean(scores[1]):.1f}% | {seeds_and_comparison(*scores, 'BERT')}; fine-tuning "
+                f"{_mean_minutes(o):.1f} vs {_mean_minutes(b):.1f} min |"
             )
     choices = grid_choices(records["grid"]) if records["grid"] else {}
     floors = {(f["task"], f["length"]): f["accuracy"] for f in records["floor"]}
@@ -609,12 +722,12 @@ def headline_table(records: dict[str, list[dict]]) -> str:
         bert = choices.get((task, length, init, "bert"))
         if (init, arch) != ("pretrained", "orchid") or not orchid["runs"] or not (bert and bert["runs"]):
             continue
-        mean = [statistics.mean(r["accuracy"] for r in choice["runs"]) for choice in (orchid, bert)]
+        scores = [[r["accuracy"] for r in choice["runs"]] for choice in (orchid, bert)]
         floor = f"; bag of words {100 * floors[(task, length)]:.1f}%" if (task, length) in floors else ""
         rows.append(
-            f"| {task_text(task, length)}, pretrained, lr chosen on validation chapters | {100 * mean[0]:.1f}% | "
-            f"BERT {100 * mean[1]:.1f}% | {len(orchid['runs'])} seeds; lr {orchid['chosen']:g} vs "
-            f"{bert['chosen']:g}{floor} |"
+            f"| {task_text(task, length)}, pretrained, lr chosen on validation chapters | "
+            f"{100 * statistics.mean(scores[0]):.1f}% | BERT {100 * statistics.mean(scores[1]):.1f}% | "
+            f"{seeds_and_comparison(*scores, 'BERT')}; lr {orchid['chosen']:g} vs {bert['chosen']:g}{floor} |"
         )
     images = _group(records["image"], "arch")
     if ("orchid",) in images and ("vit",) in images:
@@ -622,10 +735,11 @@ def headline_table(records: dict[str, list[dict]]) -> str:
         floor = images.get(("logreg",))
         floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
         time = [_mean_minutes(g) for g in (o, v)]
+        scores = [[r["accuracy"] for r in g] for g in (o, v)]
         rows.append(
-            f"| Fashion-MNIST test accuracy | {100 * statistics.mean(r['accuracy'] for r in o):.2f}% | "
-            f"ViT {100 * statistics.mean(r['accuracy'] for r in v):.2f}% | {len(o)} seeds; training {time[0]:.0f} vs "
-            f"{time[1]:.0f} min{floor_text} |"
+            f"| Fashion-MNIST test accuracy | {100 * statistics.mean(scores[0]):.2f}% | "
+            f"ViT {100 * statistics.mean(scores[1]):.2f}% | {seeds_and_comparison(*scores, 'ViT', digits=2)}; "
+            f"training {time[0]:.0f} vs {time[1]:.0f} min{floor_text} |"
         )
     return "\n".join(rows)
 
@@ -771,11 +885,9 @@ def context_runs(records: list[dict]) -> list[dict]:
 def context_training_table(records: list[dict]) -> str:
     """Steps, tokens, training time and peak memory of every pretraining run of the long-context comparison, with the
     recipe's own held-out evaluation at the end of training."""
-    rows = [
-        "| model | context | steps | blocks a step | training tokens | training time¹ | peak memory² | "
-        "recipe's held-out loss / accuracy³ |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["model", "context", "steps", "blocks a step", "training tokens", "training time¹", "peak memory²",
+              "recipe's held-out loss / accuracy³"]
+    rows = []
     for run in context_runs(records):
         parts = run["parts"]
         steps = " + ".join(f"{p['steps']} at {p['length']}" for p in parts) if len(parts) > 1 else f"{run['steps']}"
@@ -784,12 +896,10 @@ def context_training_table(records: list[dict]) -> str:
         if len(parts) > 1:
             time += " (" + " + ".join(f"{p['train_seconds'] / 60:.1f}" for p in parts) + ")"
         memory = run["total_peak_memory_mib"]
-        rows.append(
-            f"| {_context_name(run)} | {run['length']} | {steps} | {blocks} | {run['total_tokens'] / 1e6:.2f}M | "
-            f"{time} | {'–' if memory is None else f'{memory:,.0f} MiB'} | {run['eval']['loss']:.3f} / "
-            f"{100 * run['eval']['masked_accuracy']:.1f}% |"
-        )
-    return "\n".join(rows)
+        rows.append([_context_name(run), run["length"], steps, blocks, f"{run['total_tokens'] / 1e6:.2f}M", time,
+                     "–" if memory is None else f"{memory:,.0f} MiB",
+                     f"{run['eval']['loss']:.3f} / {100 * run['eval']['masked_accuracy']:.1f}%"])
+    return "\n".join(table_lines(header, rows))
 
 
 def _context_evaluations(evals: list[dict]) -> list[tuple[str, dict, list[dict]]]:
@@ -826,10 +936,7 @@ def context_accuracy_table(training: list[dict], evals: list[dict], category: st
     one row per model, and a row of its own for an Orchid model read with one transform length."""
     names = {r["model"]: r for r in context_runs(training)}
     lengths = sorted({e["length"] for r in evals for e in r["evaluations"]})
-    rows = [
-        "| model | trained at | " + " | ".join(f"{length} tokens" for length in lengths) + " |",
-        "|---|---|" + "---|" * len(lengths),
-    ]
+    rows = []
 
     def order(row):
         run = names.get(row[0])
@@ -853,8 +960,8 @@ def context_accuracy_table(training: list[dict], evals: list[dict], category: st
             mark = "*" if "without training" in entry["how"] else ""
             cells.append(f"{100 * value['accuracy']:.1f}{mark} ({value['loss']:.2f})")
         trained = run["length"] if run else next(r["max_position_embeddings"] for r in evals if r["model"] == model)
-        rows.append(f"| {name} | {trained} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        rows.append([name, trained, *cells])
+    return "\n".join(table_lines(["model", "trained at", *(f"{length} tokens" for length in lengths)], rows))
 
 
 def context_counts_note(evals: list[dict]) -> str:
@@ -957,20 +1064,9 @@ def render_context_report(records: dict[str, list[dict]], report: str | Path) ->
         )
     text = report.read_text()
     for name, content in blocks.items():
-        text = replace_block(text, name, content)
+        text = replace_block(text, BLOCKS, name, content)
     report.write_text(text)
     return blocks
-
-
-def replace_block(text: str, name: str, content: str, blocks: str = BLOCKS) -> str:
-    """``text`` with what lies between the markers of block ``name`` (``<!-- BLOCKS:NAME -->`` and
-    ``<!-- /BLOCKS:NAME -->``, ``blocks`` the page's kind of block) replaced by ``content``."""
-    start, end = f"<!-- {blocks}:{name} -->", f"<!-- /{blocks}:{name} -->"
-    if start not in text or end not in text:
-        raise ValueError(f"the text has no {start} ... {end} block to fill")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{content}\n{end}{tail}"
 
 
 def render_report(
@@ -1011,17 +1107,16 @@ def render_report(
         blocks["images"] = f"{image_table(records['image'])}\n\n{note}\n\n![confusion matrices]({plot.name})"
     if records["machine"]:
         machine = records["machine"][0]
-        blocks["machine"] = (
-            f"{machine['processor']}, {machine['cpu_count']} cores, {machine['platform']}, torch {machine['torch']}; "
-            f"every run on {machine['threads_per_run']} thread, {machine['runs_at_a_time']} runs at a time."
+        blocks["machine"] = machine_block(
+            machine, f"every run on {machine['threads_per_run']} thread, {machine['runs_at_a_time']} runs at a time."
         )
     text = report.read_text()
     for name, content in blocks.items():
-        text = replace_block(text, name, content)
+        text = replace_block(text, BLOCKS, name, content)
     report.write_text(text)
     if readme is not None:
         readme = Path(readme)
-        readme.write_text(replace_block(readme.read_text(), "headline", blocks["headline"]))
+        readme.write_text(replace_block(readme.read_text(), BLOCKS, "headline", blocks["headline"]))
     if context_report is not None and (records["context"] or records["context-eval"]):
         blocks.update(render_context_report(records, context_report))
     return blocks
@@ -1031,12 +1126,15 @@ __all__ = [
     "best_grid_point",
     "choose_learning_rate",
     "collect_runs",
+    "comparison_outcome",
+    "comparison_words",
     "context_runs",
+    "difference_cell",
+    "difference_interval",
     "embedding_parameters",
     "grid_choices",
     "headline_table",
     "load_records",
     "render_context_report",
     "render_report",
-    "replace_block",
 ]

@@ -3,6 +3,7 @@ the novels, each writing one JSON file; and the table of results. Entry point: s
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -10,15 +11,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.harness import provenance, write_json
 from experiments.transfer import measures
 from experiments.transfer.data import load_corpus, load_tensors, subset
 from experiments.transfer.models import (
-    Classifier,
+    build_classifier,
     build_mlm_model,
-    encoder_of,
     finetune,
+    init_pooler_from_mlm,
     masked_lm_accuracy,
-    mlm_head_of,
+    pooled_features,
+    pooler_dense,
     pretrain,
 )
 
@@ -56,17 +59,26 @@ def parse_name(name: str) -> dict:
 
 
 class Workspace:
+    """The diagnosis's corpus (cached under the work folder), its tokenizer, and where its results go."""
+
     def __init__(self, data_dir: str, vocab_dir: str, work_dir: str, results_dir: str):
         self.work = Path(work_dir)
         self.results = Path(results_dir)
         self.results.mkdir(parents=True, exist_ok=True)
+        self.vocab_dir = vocab_dir
         self.corpus = load_corpus(data_dir, vocab_dir, self.work / f"corpus-{PASSAGE_TOKENS}.pt", PASSAGE_TOKENS,
                                   BLOCK_TOKENS)
 
+    @functools.cached_property
+    def tokenizer(self):
+        """The corpus's tokenizer (bert-base-uncased's vocabulary), which the masking reads its special tokens from."""
+        from transformers import BertTokenizer
+
+        return BertTokenizer.from_pretrained(str(self.vocab_dir), do_lower_case=True)
+
     def write(self, name: str, result: dict) -> Path:
-        path = self.results / f"{name}.json"
-        path.write_text(json.dumps(result, indent=1) + "\n")
-        return path
+        """A result as ``NAME.json`` in the results folder, with the commit and the machine it was measured on."""
+        return write_json(self.results / f"{name}.json", {**result, **provenance(torch.get_num_threads())})
 
     def mlm_model(self, name: str, batch_size: int = 32):
         """The named masked-LM model: built (random) or pretrained and cached under the work folder."""
@@ -80,9 +92,11 @@ class Workspace:
             model.load_state_dict(load_tensors(path))
             return model.eval()
         torch.manual_seed(spec["seed"])
-        log = pretrain(model, self.corpus["mlm"], spec["steps"], batch_size=batch_size, seed=spec["seed"])
+        log = pretrain(model, self.corpus["mlm"], self.tokenizer, spec["steps"], batch_size=batch_size,
+                       seed=spec["seed"])
         test = self.corpus["test"]
-        log["held_out_masked_lm"] = masked_lm_accuracy(model, test["input_ids"][:1024], test["attention_mask"][:1024])
+        log["held_out_masked_lm"] = masked_lm_accuracy(model, test["input_ids"][:1024], test["attention_mask"][:1024],
+                                                       self.tokenizer)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path)
         self.write(f"pretrain-{name}", {"model": name, "size": SIZE, "block_tokens": BLOCK_TOKENS,
@@ -92,7 +106,7 @@ class Workspace:
 
 def run_probe(ws: Workspace, name: str) -> dict:
     """Logistic regression on frozen first-token and mean features of every layer; hidden-state norms."""
-    encoder = encoder_of(ws.mlm_model(name))
+    encoder = ws.mlm_model(name).base_model
     train_split, test_split = subset(ws.corpus["train"], PROBE_TRAIN), subset(ws.corpus["test"], PROBE_TEST)
     train = measures.layer_features(encoder, train_split)
     test = measures.layer_features(encoder, test_split)
@@ -126,20 +140,18 @@ def run_operator(ws: Workspace, name: str, examples: int = 64) -> dict:
     """Orchid's kernels and conditioning scale per layer (Orchid models only), and for either architecture the
     pooler's saturation at the start of fine-tuning, first-token and mean pooling (the head's seed 0)."""
     mlm = ws.mlm_model(name)
-    encoder = encoder_of(mlm)
     test = ws.corpus["test"]
     ids, mask = test["input_ids"][:examples], test["attention_mask"][:examples]
     result = {"model": name}
     if parse_name(name)["arch"] == "orchid":
-        result["layers"] = measures.orchid_operator_stats(encoder, ids, mask)
-    with torch.no_grad():
-        hidden = encoder(ids, attention_mask=mask).last_hidden_state
+        result["layers"] = measures.orchid_operator_stats(mlm.base_model, ids, mask)
     for pooling in ("first", "mean"):
         torch.manual_seed(0)
-        head = Classifier(encoder, SIZE["hidden"], len(ws.corpus["names"]), pooling)
-        result[f"pooler_{pooling}"] = measures.pooler_saturation(head.pooled_input(hidden, mask), head.dense)
-        init_pooler_from_mlm(head, mlm)
-        result[f"pooler_{pooling}_mlm_init"] = measures.pooler_saturation(head.pooled_input(hidden, mask), head.dense)
+        classifier = build_classifier(mlm, len(ws.corpus["names"]), pooling)
+        pooled = pooled_features(classifier, ids, mask)
+        result[f"pooler_{pooling}"] = measures.pooler_saturation(pooled, pooler_dense(classifier))
+        init_pooler_from_mlm(classifier, mlm)
+        result[f"pooler_{pooling}_mlm_init"] = measures.pooler_saturation(pooled, pooler_dense(classifier))
     ws.write(f"operator-{name}", result)
     return result
 
@@ -166,14 +178,6 @@ def filter_table(folders: list[str]) -> str:
     return "\n".join(lines)
 
 
-def init_pooler_from_mlm(head: Classifier, mlm) -> None:
-    """The pooler's dense layer from the masked-LM head's transform (dense + GELU + LayerNorm in both
-    architectures), the one pretrained layer that reads the last hidden states."""
-    source = mlm_head_of(mlm)
-    dense = source.dense if hasattr(source, "dense") else source.predictions.transform.dense
-    head.dense.load_state_dict(dense.state_dict())
-
-
 def run_finetune(ws: Workspace, name: str, epochs: int, lr: float, pooling: str = "first", seed: int = 0,
                  pooler_init: str = "random") -> dict:
     tag = f"finetune-{name}-{pooling}-{pooler_init}-e{epochs}-lr{lr:g}-ft{seed}"
@@ -182,8 +186,7 @@ def run_finetune(ws: Workspace, name: str, epochs: int, lr: float, pooling: str 
         return json.loads(path.read_text())
     mlm = ws.mlm_model(name)
     torch.manual_seed(1000 + seed)
-    model = Classifier(encoder_of(mlm), SIZE["hidden"], len(ws.corpus["names"]), pooling,
-                       dropout=parse_name(name)["dropout"])
+    model = build_classifier(mlm, len(ws.corpus["names"]), pooling)
     if pooler_init == "mlm":
         init_pooler_from_mlm(model, mlm)
     started = time.time()

@@ -1,12 +1,19 @@
 """Measurements of an encoder: linear probes on frozen features of every layer, hidden-state norms, and, for
-Orchid, how far each position sees through the long convolution (static and data-dependent kernels), the
-conditioning network's scale, the size of the implicit filters' kernels; the pooler's tanh saturation."""
+Orchid, how far each position sees through its long convolutions (the static kernel h0, the residual convolution's
+kernel, the data-dependent kernel), the conditioning network's scale, the size of the implicit filters' kernels; the
+pooler's tanh saturation.
+
+Orchid's kernels are read from what the operator's modules return while the model runs (forward hooks): its
+``static_filter`` and ``residual_filter`` return their kernel h0 in the time domain, (n, channels), and its
+``conditioning`` network the spectrum of the data-dependent kernel, (batch, n, channels), n being the transform length
+each row is mixed at. Nothing of the operator is computed here again.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from orchid_hf.modeling.orchid_ops import dct, idct, masked
+from orchid_hf.modeling.orchid_ops import dct, idct
 from torch import nn
 
 
@@ -84,51 +91,92 @@ def effective_width(response: torch.Tensor, fraction: float = 0.9) -> torch.Tens
     return (cumulative < fraction - 1e-6).sum(-2) + 1
 
 
-def summarise_response(response: torch.Tensor, lags=(1, 4, 16, 64)) -> dict:
-    widths = effective_width(response).float()
+def summarise_responses(responses: list[torch.Tensor], lags=(1, 4, 16, 64)) -> dict:
+    """The 90%-energy width (:func:`effective_width`) of every channel of ``responses`` (each (..., n, channels),
+    of any n), its median and mean, and the mean fraction of the energy within each of ``lags``."""
+    widths = torch.cat([effective_width(response).flatten().float() for response in responses])
     summary = {"median_width_90": float(widths.median()), "mean_width_90": float(widths.mean())}
     for lag in lags:
-        summary[f"energy_within_{lag}"] = float(energy_within(response, lag).mean())
+        fractions = torch.cat([energy_within(response, lag).flatten() for response in responses])
+        summary[f"energy_within_{lag}"] = float(fractions.mean())
     return summary
+
+
+def root_mean_square(tensors: list[torch.Tensor]) -> float:
+    """The root mean square of every entry of ``tensors`` together."""
+    squares = torch.cat([tensor.detach().float().pow(2).flatten() for tensor in tensors])
+    return float(squares.mean().sqrt())
+
+
+def mixer_real_tokens(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """Which of the tokens an operator is called on are real, from the arguments of the call: the ``layout``'s
+    ``real`` where the model passes one (its tokens; None: all of them real), else the ``attention_mask``, (..., 1)."""
+    layout = kwargs.get("layout")
+    if layout is not None:
+        return layout.real
+    mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    return None if mask is None else mask.bool().unsqueeze(-1)
+
+
+def real_entries(tensor: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """The entries of ``tensor`` (..., d) at the tokens that ``real`` (..., 1) marks; all of them for None."""
+    return tensor if real is None else tensor[real.expand_as(tensor)]
 
 
 @torch.no_grad()
 def orchid_operator_stats(encoder: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> list[dict]:
-    """Per layer of an Orchid encoder, on a batch: how far position 0 sees through the static kernel, the
-    data-dependent kernel (static + conditioning network's output) and the residual long convolution; the RMS of
-    the static multiplier and of the conditioning network's output; the RMS of the mixer's input and output."""
-    inputs: dict[int, tuple] = {}
-    outputs: dict[int, torch.Tensor] = {}
+    """Per layer of an Orchid encoder (DCT), on a batch, from what the operator's modules return during the forward:
+    how far position 0 sees through the static kernel h0 (``static``: its ``static_filter``'s output over the lags),
+    the residual long convolution's kernel (``residual``) and the data-dependent kernel (``data_dependent``: row 0 of
+    the long convolution with the spectrum that its ``conditioning`` network returns, :func:`position_zero_response`);
+    the RMS of h0 (``static_kernel_rms``) and of that spectrum (``conditioning_rms``); the RMS of the mixer's input
+    and output at the real tokens."""
     layers = encoder.encoder.layer
+    seen: dict[tuple[int, str], list] = {}
     hooks = []
-    for index, layer in enumerate(layers):
-        hooks.append(layer.mixer.register_forward_pre_hook(
-            lambda module, args, index=index: inputs.__setitem__(index, args)))
-        hooks.append(layer.mixer.register_forward_hook(
-            lambda module, args, out, index=index: outputs.__setitem__(index, out)))
-    encoder.eval()
-    encoder(ids, attention_mask=mask)
-    for hook in hooks:
-        hook.remove()
-    stats = []
-    real = mask.bool().unsqueeze(-1)
+
+    def keep(index: int, name: str):
+        def hook(module, args, output):
+            seen.setdefault((index, name), []).append(output)
+
+        return hook
+
+    def keep_input(index: int):
+        def hook(module, args, kwargs):
+            seen[(index, "input")] = [args[0]]
+            seen[(index, "real")] = [mixer_real_tokens(args, kwargs)]
+
+        return hook
+
     for index, layer in enumerate(layers):
         mixer = layer.mixer
-        x = inputs[index][0]
-        d, n = mixer.d_model, mixer.max_len
-        static = mixer.static_filter.spectrum(torch.float32)  # (n, d)
-        entry = {"layer": index, "static": summarise_response(position_zero_response(static)),
-                 "static_multiplier_rms": float(static.pow(2).mean().sqrt()),
-                 "mixer_input_rms": float(x[real.expand_as(x)].pow(2).mean().sqrt()),
-                 "mixer_output_rms": float(outputs[index][real.expand_as(x)].pow(2).mean().sqrt())}
-        if mixer.conditioning is not None:
-            source = masked(mixer.in_proj(masked(x, real)), real)[..., 2 * d :]
-            conditioned = mixer.conditioning(source, n, real)  # (B, n, d)
-            entry["conditioning_rms"] = float(conditioned.pow(2).mean().sqrt())
-            entry["data_dependent"] = summarise_response(position_zero_response(static + conditioned))
-        if mixer.residual_filter is not None:
-            entry["residual"] = summarise_response(
-                position_zero_response(mixer.residual_filter.spectrum(torch.float32)))
+        if mixer.transform != "dct":
+            raise ValueError(f"orchid_operator_stats reads kernels of the DCT, but layer {index} has transform "
+                             f"{mixer.transform!r}")  # fmt: skip
+        hooks.append(mixer.register_forward_pre_hook(keep_input(index), with_kwargs=True))
+        hooks.append(mixer.register_forward_hook(keep(index, "output")))
+        for name in ("static_filter", "residual_filter", "conditioning"):
+            if getattr(mixer, name) is not None:
+                hooks.append(getattr(mixer, name).register_forward_hook(keep(index, name)))
+    encoder.eval()
+    try:
+        encoder(ids, attention_mask=mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    stats = []
+    for index in range(len(layers)):
+        static = seen[(index, "static_filter")]
+        real = seen[(index, "real")][0]
+        entry = {"layer": index, "static": summarise_responses(static), "static_kernel_rms": root_mean_square(static),
+                 "mixer_input_rms": root_mean_square([real_entries(seen[(index, "input")][0], real)]),
+                 "mixer_output_rms": root_mean_square([real_entries(seen[(index, "output")][0], real)])}  # fmt: skip
+        if (index, "conditioning") in seen:
+            spectra = seen[(index, "conditioning")]
+            entry["conditioning_rms"] = root_mean_square(spectra)
+            entry["data_dependent"] = summarise_responses([position_zero_response(s.float()) for s in spectra])
+        if (index, "residual_filter") in seen:
+            entry["residual"] = summarise_responses(seen[(index, "residual_filter")])
         stats.append(entry)
     return stats
 

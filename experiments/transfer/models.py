@@ -1,32 +1,43 @@
-"""The two architectures at the same small size, masked-LM pretraining and fine-tuning in plain loops.
+"""The two architectures at the same small size, as the package and transformers build them, masked-LM pretraining
+and fine-tuning in plain loops.
 
-Plain PyTorch loops rather than the package's Trainer recipes: each run here is minutes on one thread, and a loop
-lets the diagnosis read gradients and activations at any step. The loops follow the recipes' settings: pretraining
-as ``orchid-bert-base-mlm`` (30% masking, 80/10/10, AdamW betas (0.9, 0.98), eps 1e-6, 6% warmup then linear decay
-to 0.02x; Orchid's implicit filters in their own group at the recipe's learning rate and weight decay), fine-tuning
-as ``orchid-bert-classification`` (AdamW, weight decay 0.01, 6% warmup then linear decay to 0, gradient clipping at
-1, batch 32).
+Models: ``OrchidForMaskedLM`` and ``BertForMaskedLM`` for pretraining; for fine-tuning, the pretrained encoder in
+``OrchidForSequenceClassification`` or ``BertForSequenceClassification`` (:func:`build_classifier`); masking by
+transformers' ``DataCollatorForLanguageModeling``. Plain PyTorch loops rather than the package's Trainer recipes: each
+run here is minutes on one thread, and a loop lets the diagnosis read gradients and activations at any step. The loops
+follow the recipes' settings: pretraining as ``orchid-bert-base-mlm`` (30% masking, 80/10/10, AdamW betas (0.9, 0.98),
+eps 1e-6, 6% warmup then linear decay to 0.02x; Orchid's implicit filters in their own group at the recipe's learning
+rate and weight decay), fine-tuning as ``orchid-bert-classification`` (AdamW, weight decay 0.01, 6% warmup then linear
+decay to 0, gradient clipping at 1, batch 32).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
 import torch
-from orchid_hf.modeling import OrchidConfig, OrchidForMaskedLM
+from orchid_hf.modeling import OrchidConfig, OrchidForMaskedLM, OrchidForSequenceClassification
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    DataCollatorForLanguageModeling,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from orchid_hf.recipes import FILTER_LEARNING_RATE, FILTER_WEIGHT_DECAY
 
 ARCHS = ("orchid", "bert")
+POOLINGS = ("first", "mean")
 FILTER_NAMES = ("static_filter", "residual_filter")
-CLS_ID, SEP_ID, MASK_ID, PAD_ID = 101, 102, 103, 0
 
 
 def build_mlm_model(arch: str, hidden: int, layers: int, intermediate: int, max_positions: int, dropout: float = 0.1,
-                    pre_norm: bool = False, seed: int = 0) -> nn.Module:
+                    pre_norm: bool = False, seed: int = 0) -> PreTrainedModel:
     """``OrchidForMaskedLM`` (the ``orchid-bert-base`` preset at this size, as docs/results/real_data.md) or
     ``BertForMaskedLM`` of the same width, depth, MLP size and positions (heads of 64 channels)."""
     torch.manual_seed(seed)
@@ -42,36 +53,24 @@ def build_mlm_model(arch: str, hidden: int, layers: int, intermediate: int, max_
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
-def encoder_of(model: nn.Module) -> nn.Module:
-    """The encoder (embeddings and layers) of a masked-LM or classifier model of either architecture."""
-    for name in ("orchid", "bert", "encoder_model"):
-        if hasattr(model, name):
-            return getattr(model, name)
-    raise ValueError(f"{type(model).__name__} has no orchid, bert or encoder_model attribute")
-
-
-def mlm_head_of(model: nn.Module) -> nn.Module:
+def mlm_head_of(model: PreTrainedModel) -> nn.Module:
+    """The masked-LM head (transform and decoder) of ``OrchidForMaskedLM`` or ``BertForMaskedLM``."""
     return model.lm_head if hasattr(model, "lm_head") else model.cls
 
 
-def mask_tokens(ids: torch.Tensor, probability: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT masking of the non-special tokens: (inputs, labels with -100 where nothing is predicted)."""
-    special = (ids == CLS_ID) | (ids == SEP_ID) | (ids == PAD_ID)
-    chosen = (torch.rand(ids.shape, generator=generator) < probability) & ~special
-    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
-    draw = torch.rand(ids.shape, generator=generator)
-    inputs = ids.clone()
-    inputs[chosen & (draw < 0.8)] = MASK_ID
-    random_tokens = torch.randint(1000, 30522, ids.shape, generator=generator)
-    swap = chosen & (draw >= 0.8) & (draw < 0.9)
-    inputs[swap] = random_tokens[swap]
-    return inputs, labels
+def masking(tokenizer: PreTrainedTokenizerBase, probability: float, seed: int) -> DataCollatorForLanguageModeling:
+    """BERT masking of the tokens that are not special (``[CLS]``, ``[SEP]``, padding, ...): ``probability`` of them
+    chosen, 80% of those replaced by ``[MASK]``, 10% by a random token; its draws from a generator seeded by
+    ``seed``. Called on a list of equally long rows of token ids, it returns their ``input_ids`` and ``labels``
+    (-100 where nothing is predicted)."""
+    return DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, seed=seed)
 
 
-def masked_lm_step(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, attention_mask=None):
-    """The loss and the number of correct predictions over the masked positions only (the vocabulary projection of
-    the other positions would be most of the work and adds nothing)."""
-    hidden = encoder_of(model)(inputs, attention_mask=attention_mask).last_hidden_state
+def masked_lm_step(model: PreTrainedModel, inputs: torch.Tensor, labels: torch.Tensor, attention_mask=None):
+    """The loss and the number of correct predictions over the masked positions only: the model's encoder on every
+    position, its head on the masked ones (the vocabulary projection of the other positions would be most of the
+    work and adds nothing)."""
+    hidden = model.base_model(inputs, attention_mask=attention_mask).last_hidden_state
     where = labels != -100
     logits = mlm_head_of(model)(hidden[where])
     target = labels[where]
@@ -85,11 +84,13 @@ def linear_schedule(step: int, total: int, warmup_fraction: float = 0.06, final:
     return final + (1 - final) * max(0.0, (total - step) / max(1, total - warmup))
 
 
-def pretrain(model: nn.Module, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: float = 8e-4,
-             filter_lr: float = FILTER_LEARNING_RATE, seed: int = 0, probability: float = 0.3,
-             log_every: int = 50) -> dict:
-    """Masked-LM pretraining in the recipe's settings; returns the loss curve."""
+def pretrain(model: PreTrainedModel, blocks: torch.Tensor, tokenizer: PreTrainedTokenizerBase, steps: int,
+             batch_size: int = 32, lr: float = 8e-4, filter_lr: float = FILTER_LEARNING_RATE, seed: int = 0,
+             probability: float = 0.3, log_every: int = 50) -> dict:
+    """Masked-LM pretraining in the recipe's settings on rows of ``blocks`` drawn at random; returns the loss
+    curve."""
     generator = torch.Generator().manual_seed(seed)
+    collator = masking(tokenizer, probability, seed)
     filters = [p for n, p in model.named_parameters() if any(f in n for f in FILTER_NAMES)]
     others = [p for n, p in model.named_parameters() if not any(f in n for f in FILTER_NAMES)]
     groups = [{"params": others, "lr": lr, "weight_decay": 1e-5 / lr}]
@@ -104,8 +105,8 @@ def pretrain(model: nn.Module, blocks: torch.Tensor, steps: int, batch_size: int
         for group, peak in zip(optimizer.param_groups, peaks):
             group["lr"] = peak * factor
         index = torch.randint(0, len(blocks), (batch_size,), generator=generator)
-        inputs, labels = mask_tokens(blocks[index], probability, generator)
-        loss, _, _ = masked_lm_step(model, inputs, labels)
+        batch = collator(list(blocks[index]))
+        loss, _, _ = masked_lm_step(model, batch["input_ids"], batch["labels"])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -119,51 +120,102 @@ def pretrain(model: nn.Module, blocks: torch.Tensor, steps: int, batch_size: int
 
 
 @torch.no_grad()
-def masked_lm_accuracy(model: nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor, seed: int = 1234,
-                       batch_size: int = 64) -> dict:
+def masked_lm_accuracy(model: PreTrainedModel, ids: torch.Tensor, attention_mask: torch.Tensor,
+                       tokenizer: PreTrainedTokenizerBase, seed: int = 1234, batch_size: int = 64) -> dict:
     """Masked-token accuracy and loss on held-out passages, the same masks for every model."""
-    generator = torch.Generator().manual_seed(seed)
+    collator = masking(tokenizer, 0.15, seed)
     model.eval()
     correct = total = 0
     loss_sum = 0.0
     for start in range(0, len(ids), batch_size):
-        inputs, labels = mask_tokens(ids[start : start + batch_size], 0.15, generator)
-        loss, right, count = masked_lm_step(model, inputs, labels, attention_mask[start : start + batch_size])
+        batch = collator(list(ids[start : start + batch_size]))
+        loss, right, count = masked_lm_step(model, batch["input_ids"], batch["labels"],
+                                            attention_mask[start : start + batch_size])
         correct, total, loss_sum = correct + right, total + count, loss_sum + loss.item() * count
     return {"accuracy": correct / total, "loss": loss_sum / total}
 
 
-class Classifier(nn.Module):
-    """Encoder, pooler (dense + tanh over the first token or the mean of the real tokens), dropout and a linear
-    classifier: the same head for both architectures, as ``OrchidForSequenceClassification`` builds it."""
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning
+# ---------------------------------------------------------------------------------------------
 
-    def __init__(self, encoder: nn.Module, hidden: int, num_labels: int, pooling: str = "first", dropout: float = 0.1):
-        super().__init__()
-        if pooling not in ("first", "mean"):
-            raise ValueError(f"pooling must be 'first' or 'mean', got {pooling!r}")
-        self.encoder_model = encoder
-        self.pooling = pooling
-        self.dense = nn.Linear(hidden, hidden)
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(hidden, num_labels)
-        for layer in (self.dense, self.classifier):  # BERT's initialisation
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
 
-    def pooled_input(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        if self.pooling == "first":
-            return hidden[:, 0]
-        real = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * real).sum(1) / real.sum(1).clamp_min(1)
+def build_classifier(mlm: PreTrainedModel, num_labels: int, pooling: str = "first") -> PreTrainedModel:
+    """The sequence classifier of the masked-LM model's architecture, ``OrchidForSequenceClassification`` or
+    ``BertForSequenceClassification``, with the same config and the masked-LM model's encoder weights; its pooler
+    (dense + tanh) and classifier as the class initialises them.
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder_model(input_ids, attention_mask=attention_mask).last_hidden_state
-        pooled = torch.tanh(self.dense(self.pooled_input(hidden, attention_mask)))
-        return self.classifier(self.dropout(pooled))
+    ``pooling``: the pooler reads the first token, or the mean of the real tokens. Orchid's pooler does either
+    (``classifier_pooling``); BERT's reads the first token only, so for ``"mean"`` it reads the mean through
+    :func:`pool_the_mean`."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    config = copy.deepcopy(mlm.config)
+    config.num_labels = num_labels
+    if isinstance(mlm, OrchidForMaskedLM):
+        config.classifier_pooling = pooling
+        model = OrchidForSequenceClassification(config)
+    else:
+        model = BertForSequenceClassification(config)
+        if pooling == "mean":
+            pool_the_mean(model)
+    missing, unexpected = model.base_model.load_state_dict(mlm.base_model.state_dict(), strict=False)
+    # BertForMaskedLM's encoder has no pooler; everything else must match.
+    if unexpected or any(not name.startswith("pooler.") for name in missing):
+        raise ValueError(f"the masked-LM encoder does not fit the classifier: missing {missing}, unexpected "
+                         f"{unexpected}")  # fmt: skip
+    return model
+
+
+def pool_the_mean(model: BertForSequenceClassification) -> None:
+    """Make BERT's pooler read the mean of the real tokens instead of the first token: a forward pre-hook on the model
+    keeps the call's attention mask, and one on its pooler puts the mean of the hidden states over the real tokens
+    where the pooler reads, at the first position."""
+    call = {}
+
+    def keep_mask(module, args, kwargs):
+        call["attention_mask"] = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+
+    def mean_first(pooler, args):
+        hidden = args[0]
+        mask = call.get("attention_mask")
+        real = hidden.new_ones(hidden.shape[:2]) if mask is None else mask.to(hidden.dtype)
+        real = real.unsqueeze(-1)
+        return ((hidden * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp_min(1),)
+
+    model.register_forward_pre_hook(keep_mask, with_kwargs=True)
+    model.bert.pooler.register_forward_pre_hook(mean_first)
+
+
+def pooler_dense(model: PreTrainedModel) -> nn.Linear:
+    """The dense layer of a sequence classifier's pooler (before its tanh)."""
+    pooler = model.pooler if hasattr(model, "pooler") else model.base_model.pooler
+    return pooler.dense
+
+
+@torch.no_grad()
+def pooled_features(model: PreTrainedModel, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """What a sequence classifier's pooler reads (the first token's or the mean of the real tokens' last hidden state),
+    (batch, hidden): the input of its dense layer, read by a forward pre-hook during an evaluation forward."""
+    seen = []
+    hook = pooler_dense(model).register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        model.eval()(input_ids=ids, attention_mask=attention_mask)
+    finally:
+        hook.remove()
+    return seen[0]
+
+
+def init_pooler_from_mlm(classifier: PreTrainedModel, mlm: PreTrainedModel) -> None:
+    """The pooler's dense layer from the masked-LM head's transform (dense + GELU + LayerNorm in both
+    architectures), the one pretrained layer that reads the last hidden states."""
+    source = mlm_head_of(mlm)
+    dense = source.dense if hasattr(source, "dense") else source.predictions.transform.dense
+    pooler_dense(classifier).load_state_dict(dense.state_dict())
 
 
 def parameter_group(name: str) -> str:
-    """embeddings, layer.<i>, or head, from a parameter's name in a :class:`Classifier`."""
+    """embeddings, layer.<i>, or head, from a parameter's name in a sequence classifier."""
     parts = name.split(".")
     if "embeddings" in parts:
         return "embeddings"
@@ -173,20 +225,21 @@ def parameter_group(name: str) -> str:
 
 
 @torch.no_grad()
-def accuracy(model: Classifier, split: dict, batch_size: int = 128) -> float:
+def accuracy(model: PreTrainedModel, split: dict, batch_size: int = 128) -> float:
     model.eval()
     correct = 0
     for start in range(0, len(split["labels"]), batch_size):
         rows = slice(start, start + batch_size)
-        logits = model(split["input_ids"][rows], split["attention_mask"][rows])
+        logits = model(input_ids=split["input_ids"][rows], attention_mask=split["attention_mask"][rows]).logits
         correct += (logits.argmax(-1) == split["labels"][rows]).sum().item()
     return correct / len(split["labels"])
 
 
-def finetune(model: Classifier, train: dict, evaluate: dict[str, dict], epochs: int, lr: float, seed: int = 0,
+def finetune(model: PreTrainedModel, train: dict, evaluate: dict[str, dict], epochs: int, lr: float, seed: int = 0,
              batch_size: int = 32, grad_steps: int = 5) -> dict:
-    """Fine-tuning in the classification recipe's settings; accuracy on each of ``evaluate`` after every epoch, and
-    the gradient norm of each parameter group (:func:`parameter_group`) over the first ``grad_steps`` steps."""
+    """Fine-tuning in the classification recipe's settings, on the model's own loss; accuracy on each of ``evaluate``
+    after every epoch, and the gradient norm of each parameter group (:func:`parameter_group`) over the first
+    ``grad_steps`` steps."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
@@ -204,8 +257,8 @@ def finetune(model: Classifier, train: dict, evaluate: dict[str, dict], epochs: 
             index = order[batch * batch_size : (batch + 1) * batch_size]
             for group in optimizer.param_groups:
                 group["lr"] = lr * linear_schedule(step, total)
-            logits = model(train["input_ids"][index], train["attention_mask"][index])
-            loss = nn.functional.cross_entropy(logits, train["labels"][index])
+            loss = model(input_ids=train["input_ids"][index], attention_mask=train["attention_mask"][index],
+                         labels=train["labels"][index]).loss  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if step < grad_steps:

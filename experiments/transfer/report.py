@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.harness import table_lines
+
 
 def _load(results: Path, prefix: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(results.glob(f"{prefix}-*.json"))]
@@ -52,30 +54,47 @@ def _kernel(entry: dict, name: str) -> str:
     return "-" if k is None else f"{k['median_width_90']:.0f}, {_pct(k['energy_within_1'])}%"
 
 
+# How an operator run measured the kernels (the key of its static kernel's RMS tells): what position 0 reads through
+# the multipliers in the transform domain, or through what the operator's modules return (measures.py).
+KERNEL_MEASURES = {
+    "static_multiplier_rms": ("static multiplier", "position 0's row of each long convolution C^T diag(M) C, M the "
+                              "multiplier: static dct(h0) + skip, data-dependent that plus the conditioning's output"),
+    "static_kernel_rms": ("static kernel h0", "the kernels the operator's modules return: the static and residual "
+                          "kernels h0 over the lags, and row 0 of the convolution with the conditioning network's "
+                          "spectrum alone"),
+}  # fmt: skip
+
+
 def operator_table(results: Path) -> list[str]:
     runs = _load(results, "operator")
     if not runs:
         return []
-    rows = ["| model | layer | static kernel: width (90%), energy at lag 0 | data-dependent: width, energy at lag 0 | "
-            "residual conv: width, energy at lag 0 | conditioning RMS / static multiplier RMS | mixer out / in RMS |",
-            "|---|---|---|---|---|---|---|"]
-    for run in runs:
-        for entry in run.get("layers", []):
-            conditioning = entry.get("conditioning_rms", float("nan"))
-            ratio = conditioning / entry["static_multiplier_rms"]
-            rows.append(f"| {run['model']} | {entry['layer']} | {_kernel(entry, 'static')} | "
-                        f"{_kernel(entry, 'data_dependent')} | {_kernel(entry, 'residual')} | {conditioning:.2f} / "
-                        f"{entry['static_multiplier_rms']:.2f} = {ratio:.2f} | "
-                        f"{entry['mixer_output_rms']:.2f} / {entry['mixer_input_rms']:.2f} |")
-    rows += ["", "| model | pooling | pooler init | pooled feature RMS | tanh input RMS | saturated (abs tanh > 0.95) "
-             "|", "|---|---|---|---|---|---|"]
+    rows = []
+    for key, (static_name, measured) in KERNEL_MEASURES.items():
+        measured_runs = [run for run in runs if any(key in entry for entry in run.get("layers", []))]
+        if not measured_runs:
+            continue
+        cells = []
+        for run in measured_runs:
+            for entry in run["layers"]:
+                conditioning = entry.get("conditioning_rms", float("nan"))
+                ratio = conditioning / entry[key]
+                cells.append([run["model"], entry["layer"], _kernel(entry, "static"), _kernel(entry, "data_dependent"),
+                              _kernel(entry, "residual"), f"{conditioning:.2f} / {entry[key]:.2f} = {ratio:.2f}",
+                              f"{entry['mixer_output_rms']:.2f} / {entry['mixer_input_rms']:.2f}"])
+        header = ["model", "layer", "static kernel: width (90%), energy at lag 0",
+                  "data-dependent: width, energy at lag 0", "residual conv: width, energy at lag 0",
+                  f"conditioning RMS / {static_name} RMS", "mixer out / in RMS"]
+        rows += [f"Kernels measured on {measured}:", "", *table_lines(header, cells), ""]
+    cells = []
     for run in runs:
         for pooling in ("first", "mean"):
             for init, key in (("random", f"pooler_{pooling}"), ("MLM transform", f"pooler_{pooling}_mlm_init")):
                 p = run[key]
-                rows.append(f"| {run['model']} | {pooling} | {init} | {p['pooled_feature_rms']:.2f} | "
-                            f"{p['tanh_input_rms']:.3f} | {_pct(p['saturated_fraction'])}% |")
-    return rows
+                cells.append([run["model"], pooling, init, f"{p['pooled_feature_rms']:.2f}",
+                              f"{p['tanh_input_rms']:.3f}", f"{_pct(p['saturated_fraction'])}%"])
+    header = ["model", "pooling", "pooler init", "pooled feature RMS", "tanh input RMS", "saturated (abs tanh > 0.95)"]
+    return rows + table_lines(header, cells)
 
 
 def finetune_table(results: Path) -> list[str]:

@@ -1,5 +1,5 @@
-"""A deterministic, English-like toy language for offline runs: a corpus for masked-LM pretraining and a
-sentiment task laid out like GLUE's SST-2 (``sentence``, ``label``).
+"""The demo's data (``scripts/demo.py``, ``make demo``): a deterministic, English-like toy language for offline runs,
+a corpus for masked-LM pretraining and a sentiment task laid out like GLUE's SST-2 (``sentence``, ``label``).
 
 The language is a small templated grammar. Every document stays on one topic (sport, food, weather, ...),
 so a masked topic word can be recovered from the rest of the document; people "love" or "enjoy" things
