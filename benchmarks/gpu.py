@@ -1305,6 +1305,14 @@ STAGE_FUNCTIONS = {"correctness": stage_correctness, "training": stage_training,
                    "recall": stage_recall}
 
 
+def positive_seconds(text: str) -> float:
+    """A budget in seconds: a finite number above 0 (argparse names the flag when this refuses)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> CheckSettings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -1319,10 +1327,10 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
     parser.add_argument("--commit", default=None, help="the commit of the tree, where git cannot tell (a copied tree)")
     parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ", ".join(STAGES))
     for name in STAGES:
-        parser.add_argument(f"--budget-{name}", type=float, default=None, metavar="S",
+        parser.add_argument(f"--budget-{name}", type=positive_seconds, default=None, metavar="S",
                             help=f"seconds for the {name} stage (default {BUDGETS[name]:g}; "
                                  f"{TINY_BUDGETS[name]:g} with --tiny)")
-    parser.add_argument("--total-budget-s", type=float, default=None,
+    parser.add_argument("--total-budget-s", type=positive_seconds, default=None,
                         help=f"seconds for the whole run from start-up; later stages get what is left "
                              f"(default {TOTAL_BUDGET_S:g}; {TINY_TOTAL_BUDGET_S:g} with --tiny)")
     parser.add_argument("--compile-backend", default=None,
@@ -1364,12 +1372,7 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
     except ValueError as error:
         parser.error(str(error))
     budgets = dict(TINY_BUDGETS if args.tiny else BUDGETS)
-    for name in STAGES:
-        value = getattr(args, f"budget_{name}")
-        if value is not None:
-            if value <= 0:
-                parser.error(f"--budget-{name} must be positive, got {value}")
-            budgets[name] = value
+    budgets.update({name: value for name in STAGES if (value := getattr(args, f"budget_{name}")) is not None})
     check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads")
     sizes = TINY_SIZES if args.tiny else GPU_SIZES
     command = " ".join(["python3 scripts/gpu_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
@@ -1378,7 +1381,8 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
         threads=args.threads or (1 if args.device == "cpu" else torch.get_num_threads()),
         commit=args.commit,
         stages=stages, budgets=budgets,
-        total_budget_s=args.total_budget_s or (TINY_TOTAL_BUDGET_S if args.tiny else TOTAL_BUDGET_S),
+        total_budget_s=args.total_budget_s if args.total_budget_s is not None else (
+            TINY_TOTAL_BUDGET_S if args.tiny else TOTAL_BUDGET_S),
         fail_stage=args.fail_stage,
         compile_backend=args.compile_backend or ("eager" if args.tiny and args.device == "cpu" else "inductor"),
         compile_scope=args.compile_scope,
