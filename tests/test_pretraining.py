@@ -17,8 +17,8 @@ from orchid_hf.pretraining import (
     PaddingFreeMLMCollator,
     ReproducibleMLMCollator,
     block_packer,
-    document_splitter,
     build_trainer,
+    document_splitter,
     main,
     parse_args,
 )
