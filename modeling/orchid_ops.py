@@ -445,9 +445,10 @@ class SequenceLayout:
     places in the flattened batch; padding on either side, or none), or every token of sequences packed in a row
     (``from_packed``); the groups are read from the sequences' lengths on the host, once, each cropped to its
     longest sequence. Under ``torch.compile`` and ``torch.export``, where a graph cannot depend on values, the tokens
-    are every position of the batch (``real`` marks the real ones) and every transform length up to the one that
-    holds the padded length runs on every row, each row keeping its own (about twice the work of the longest, in one
-    graph, with fixed shapes inside): the same outputs at the real positions."""
+    are every position of the batch (``real`` marks the real ones) and each row keeps the result of its own transform
+    length: compiled, every transform length up to the one that holds the padded length runs on every row (about
+    twice the work of the longest, with fixed shapes inside); exported, each runs on its own rows only
+    (:meth:`traced`). The same outputs at the real positions."""
 
     shape: tuple[int, int]
     groups: tuple[SequenceGroup, ...]
@@ -502,10 +503,14 @@ class SequenceLayout:
 
     @classmethod
     def traced(cls, real, lengths, shape, device, rung_counts=None) -> SequenceLayout:
-        """:meth:`from_mask` in a graph: every position a token, every transform length a row may need on every row
-        (those beyond the one holding the length left out where it is known when tracing), each row's tokens gathered
-        from the front by tensor ops (:func:`packing_order`), every group with its mask: whether a row fills its
-        transform length is then a tensor (:func:`fills_transform`), never a branch on a traced length."""
+        """:meth:`from_mask` in a graph: every position a token, each row's tokens gathered from the front by tensor ops
+        (:func:`packing_order`), every group with its mask, so that whether a row fills its transform length is a
+        tensor (:func:`fills_transform`), never a branch on a traced length. The transform lengths beyond the one
+        that holds the length are left out where the length is known when tracing.
+
+        Compiled, every transform length runs on every row, each row keeping its own result: a graph of fixed shapes.
+        Exported (ONNX), each transform length runs on its own rows only, which the graph finds (``nonzero``; none
+        where no row needs it): ONNX Runtime then pays for each row's own transform length, as eager PyTorch does."""
         batch, length = shape
         if isinstance(length, int):
             lengths = tuple(n for n in lengths if n <= transform_length(length, lengths))
@@ -517,11 +522,14 @@ class SequenceLayout:
         rung = bounds[(chooser.clamp_min(1).unsqueeze(-1) > bounds).sum(-1).clamp_max(len(lengths) - 1)]
         # A fixed width, at least the length: one pad op whatever the (maybe symbolic) length.
         order = F.pad(packing_order(rows), [0, lengths[-1] - length])
-        start = (torch.arange(batch, device=device) * length).unsqueeze(1)
         groups = []
         for n in lengths:
-            mask = (torch.arange(n, device=device) < counts.unsqueeze(1)) & (rung == n).unsqueeze(1)
-            index = torch.where(mask, start + order[:, :n], batch * length)
+            own = rung == n
+            members = own.nonzero().squeeze(1) if is_exporting() else torch.arange(batch, device=device)
+            own = own.index_select(0, members)
+            mask = (torch.arange(n, device=device) < counts.index_select(0, members).unsqueeze(1)) & own.unsqueeze(1)
+            index = torch.where(mask, members.unsqueeze(1) * length + order.index_select(0, members)[:, :n],
+                                batch * length)  # fmt: skip
             groups.append(SequenceGroup(n, index, mask.unsqueeze(-1)))
         return cls(shape, tuple(groups), real=None if real is None else real.unsqueeze(-1))
 

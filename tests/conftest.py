@@ -19,7 +19,7 @@ TRANSFORMERS_MARKERS = (
 # not the library. pytest_collection_modifyitems marks their tests `research`; `make test-library` leaves them out.
 RESEARCH_TEST_FILES = frozenset({
     "test_benchmark.py", "test_gpu_check.py", "test_harness.py", "test_images_2d_report.py", "test_needle.py",
-    "test_novels.py", "test_real_data.py", "test_recall.py", "test_sentence_embeddings.py",
+    "test_novels.py", "test_onnx_benchmark.py", "test_real_data.py", "test_recall.py", "test_sentence_embeddings.py",
     "test_transfer_diagnosis.py",
 })  # fmt: skip
 
