@@ -283,7 +283,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="short,mixed", help="comma-separated: short, mixed")
+    parser.add_argument("--parts", default="short,mixed", help="comma-separated: short, mixed, finetune")
     parser.add_argument("--layers", type=int, default=2, help="layers of both models (default 2)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
