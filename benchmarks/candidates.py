@@ -236,9 +236,8 @@ class OnnxRuntimeModel(nn.Module):
 def _onnxruntime_model(quick, length, reference, layers):
     import orchid_hf
 
-    # Exported with the one transform length the point's inputs use: an exported graph computes every transform
-    # length of the model's ladder for each row (docs/model.md), where eager PyTorch runs only the one a row needs.
-    config = orchid_config(orchid_hf, quick, length, layers, transform_lengths=[length])
+    # The plain model's config, ladder included: the exported graph runs each transform length on its own rows.
+    config = orchid_config(orchid_hf, quick, length, layers)
     return OnnxRuntimeModel(orchid_hf.OrchidModel(config).eval())
 
 
