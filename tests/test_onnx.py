@@ -25,6 +25,7 @@ from orchid_hf.onnx import (
     example_inputs,
     export_onnx,
     onnxruntime_session,
+    quantize_int8,
     run_onnxruntime,
 )
 from orchid_hf.runs import run_cli
@@ -372,3 +373,22 @@ def test_verify_catches_a_row_one_token_short_of_its_transform_length_wrapping_a
     monkeypatch.setattr(layers, "fills_transform", by_width)
     with pytest.raises(ValueError, match="differs from PyTorch"):
         export_onnx(model, tmp_path / "per-group.onnx", verify=True)
+
+
+def test_int8_quantisation_keeps_the_outputs_and_the_input_rules(tmp_path):
+    """quantize_int8: int8 weights for the matrix products (a smaller file), outputs close to the float graph's, and
+    the runner still refusing bad inputs by name."""
+    torch.manual_seed(0)
+    config = tiny_text_config(hidden_size=64, intermediate_size=256, max_position_embeddings=32)
+    model = OrchidForMaskedLM(config).eval()
+    path = export_onnx(model, tmp_path / "model.onnx")
+    quantized = quantize_int8(path)
+    assert quantized == tmp_path / "model_int8.onnx" and quantized.stat().st_size < 0.6 * path.stat().st_size
+    inputs = example_inputs(model, 3, 32, torch.Generator().manual_seed(1))
+    real = inputs["attention_mask"].bool()
+    exact = run_onnxruntime(onnxruntime_session(path), inputs)["logits"][real]
+    approximate = run_onnxruntime(onnxruntime_session(quantized), inputs)["logits"][real]
+    cosine = torch.nn.functional.cosine_similarity(exact, approximate, dim=-1)
+    assert cosine.min() > 0.99 and not torch.equal(exact, approximate)  # quantised, and close
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, vocab_size=97\)"):
+        run_onnxruntime(onnxruntime_session(quantized), {**inputs, "input_ids": inputs["input_ids"] + 97})

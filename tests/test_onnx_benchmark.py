@@ -4,6 +4,7 @@ shape that fits each model, equal outputs, and its files with their commit and m
 import json
 
 import pytest
+import torch
 
 from benchmarks import onnx_runtime
 
@@ -48,3 +49,36 @@ def test_bad_arguments_are_refused_by_name(argv, message, capsys):
     with pytest.raises(SystemExit):
         onnx_runtime.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_int8_benchmark_scores_orchid_and_bert_in_every_runtime(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from transformers import BertConfig, BertForMaskedLM
+
+    from benchmarks import int8
+    from orchid_hf import OrchidConfig, OrchidForMaskedLM
+    from orchid_hf.demo_data import make_corpus
+    from orchid_hf.tokenization import train_wordpiece_tokenizer
+
+    tokenizer = train_wordpiece_tokenizer(make_corpus(200, seed=0), vocab_size=300)
+    (tmp_path / "held_out.txt").write_text("\n".join(make_corpus(20, seed=1)) + "\n")
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                 max_position_embeddings=32)  # fmt: skip
+    models = {"orchid": OrchidForMaskedLM(OrchidConfig(**sizes, filter_width=16)),
+              "bert": BertForMaskedLM(BertConfig(**sizes, num_attention_heads=2))}  # fmt: skip
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    result = int8.main(["--models", str(tmp_path / "orchid"), str(tmp_path / "bert"), "--validation_file",
+                        str(tmp_path / "held_out.txt"), "--length", "32", "--max-tokens", "600",
+                        "--out-dir", str(tmp_path / "out")])  # fmt: skip
+    rows = {(row["model_type"], row["runtime"]): row for row in result["rows"]}
+    assert len(rows) == 6 and result["tokens"] == 600 and 100 < result["masked_tokens"] < 260
+    for kind in ("orchid", "bert"):
+        exact, onnx = rows[kind, "PyTorch"], rows[kind, "ONNX Runtime, float32"]
+        assert onnx["loss"] == pytest.approx(exact["loss"], rel=1e-4)  # the same predictions, read by ONNX Runtime
+        quantized = rows[kind, "ONNX Runtime, int8"]
+        assert quantized["file_mib"] > 0 and 0 <= quantized["accuracy"] <= 1
+        assert quantized["loss"] == pytest.approx(exact["loss"], rel=0.05)
+    assert "| orchid (orchid) | ONNX Runtime, int8 |" in (tmp_path / "out" / "int8_cpu_threads1.md").read_text()
