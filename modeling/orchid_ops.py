@@ -446,9 +446,9 @@ class SequenceLayout:
     (``from_packed``); the groups are read from the sequences' lengths on the host, once, each cropped to its
     longest sequence. Under ``torch.compile`` and ``torch.export``, where a graph cannot depend on values, the tokens
     are every position of the batch (``real`` marks the real ones) and each row keeps the result of its own transform
-    length: compiled, every transform length up to the one that holds the padded length runs on every row (about
-    twice the work of the longest, with fixed shapes inside); exported, each runs on its own rows only
-    (:meth:`traced`). The same outputs at the real positions."""
+    length: compiled or in a ``torch.export`` program, every transform length up to the one that holds the padded
+    length runs on every row (about twice the work of the longest, with fixed shapes inside); exported to ONNX, each
+    runs on its own rows only (:meth:`traced`). The same outputs at the real positions."""
 
     shape: tuple[int, int]
     groups: tuple[SequenceGroup, ...]
@@ -508,9 +508,12 @@ class SequenceLayout:
         tensor (:func:`fills_transform`), never a branch on a traced length. The transform lengths beyond the one
         that holds the length are left out where the length is known when tracing.
 
-        Compiled, every transform length runs on every row, each row keeping its own result: a graph of fixed shapes.
-        Exported (ONNX), each transform length runs on its own rows only, which the graph finds (``nonzero``; none
-        where no row needs it): ONNX Runtime then pays for each row's own transform length, as eager PyTorch does."""
+        Compiled or exported with ``torch.export``, every transform length runs on every row, each row keeping its own
+        result: a graph of fixed shapes. Exported to ONNX (``torch.onnx.export``), each transform length runs on its
+        own rows only, which the graph finds (``nonzero``; none where no row needs it), so that ONNX Runtime pays for
+        each row's own transform length, as eager PyTorch does. A ``torch.export`` program keeps the assertions its
+        tracing made on those row counts (an FFT of no rows is one), and would fail where a length has no row; the
+        ONNX exporter leaves them out of the graph, and ONNX Runtime computes a length of no rows as nothing."""
         batch, length = shape
         if isinstance(length, int):
             lengths = tuple(n for n in lengths if n <= transform_length(length, lengths))
@@ -525,7 +528,7 @@ class SequenceLayout:
         groups = []
         for n in lengths:
             own = rung == n
-            members = own.nonzero().squeeze(1) if is_exporting() else torch.arange(batch, device=device)
+            members = own.nonzero().squeeze(1) if torch.onnx.is_in_onnx_export() else torch.arange(batch, device=device)
             own = own.index_select(0, members)
             mask = (torch.arange(n, device=device) < counts.index_select(0, members).unsqueeze(1)) & own.unsqueeze(1)
             index = torch.where(mask, members.unsqueeze(1) * length + order.index_select(0, members)[:, :n],

@@ -392,3 +392,31 @@ def test_int8_quantisation_keeps_the_outputs_and_the_input_rules(tmp_path):
     assert cosine.min() > 0.99 and not torch.equal(exact, approximate)  # quantised, and close
     with pytest.raises(ValueError, match=r"input_ids must lie in \[0, vocab_size=97\)"):
         run_onnxruntime(onnxruntime_session(quantized), {**inputs, "input_ids": inputs["input_ids"] + 97})
+
+
+@needs_onnxruntime
+@pytest.mark.parametrize("transform", ["dct", "fft"])
+def test_batches_that_leave_transform_lengths_without_rows_in_a_program_and_in_onnx_runtime(transform, tmp_path):
+    """A batch whose rows all sit at the shortest transform length leaves the others without rows: a torch.export
+    program (every length on every row) and the ONNX graph (each length on its own rows, none here) both give the
+    eager outputs, as they do for a batch with a row at every length."""
+    torch.manual_seed(0)
+    config = tiny_text_config(max_position_embeddings=64, transform_lengths=[16, 32, 64], transform=transform,
+                              short_conv_size=5)  # fmt: skip
+    model = OrchidModel(config).eval()
+    example = example_inputs(model, 2, 40, torch.Generator().manual_seed(1))
+    batch, length = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("length", min=2, max=64)
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    program = torch.export.export(model, (), kwargs={name: example[name] for name in names},
+                                  dynamic_shapes={name: {0: batch, 1: length} for name in names}).module()  # fmt: skip
+    session = onnxruntime_session(export_onnx(model, tmp_path / "model.onnx"))
+    for rows in ([9, 12, 16], [16, 30, 64, 5]):  # all at 16; then one at each length
+        inputs = example_inputs(model, len(rows), max(rows), torch.Generator().manual_seed(2))
+        inputs["attention_mask"] = (torch.arange(max(rows)) < torch.tensor(rows).unsqueeze(1)).long()
+        real = inputs["attention_mask"].bool().unsqueeze(-1)
+        with torch.no_grad():
+            expected = model(**inputs).last_hidden_state * real
+            exported = program(**{name: inputs[name] for name in names}).last_hidden_state * real
+        onnx = run_onnxruntime(session, inputs)["last_hidden_state"] * real
+        torch.testing.assert_close(exported, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(onnx, expected, atol=1e-5, rtol=1e-5)

@@ -87,4 +87,6 @@ def test_dynamo_exporter_runs_the_exported_program_at_other_shapes(cls, tmp_path
                                                  config=exporters.DynamoConfig(dynamic=True))  # fmt: skip
     check_at_other_shapes(model, exported, generator)
     exported.save_pretrained(tmp_path / "exported")
-    check_at_other_shapes(model, exporters.ExportedModel.from_pretrained(tmp_path / "exported"), generator)
+    # A saved program is pickled, so loading it runs code: transformers asks for trust_remote_code.
+    loaded = exporters.ExportedModel.from_pretrained(tmp_path / "exported", trust_remote_code=True)
+    check_at_other_shapes(model, loaded, generator)
