@@ -12,8 +12,9 @@ that it ships to the Hub as remote code.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -151,6 +152,27 @@ def is_exporting() -> bool:
     """Whether the call is being traced by ``torch.export`` (and so for ONNX)."""
     exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
     return exporting is not None and exporting()
+
+
+_TRACING_FOR_ONNX = False
+
+
+@contextlib.contextmanager
+def tracing_for_onnx() -> Iterator[None]:
+    """Around a ``torch.export`` trace whose program goes to ``torch.onnx.export`` (as ``orchid_hf.onnx.export_onnx``
+    traces): the traced layout runs each transform length on its own rows (:meth:`SequenceLayout.traced`), as it
+    does under ``torch.onnx.export`` of the model itself."""
+    global _TRACING_FOR_ONNX
+    before, _TRACING_FOR_ONNX = _TRACING_FOR_ONNX, True
+    try:
+        yield
+    finally:
+        _TRACING_FOR_ONNX = before
+
+
+def is_tracing_for_onnx() -> bool:
+    """Whether the graph being traced goes to ONNX: :func:`tracing_for_onnx`, or ``torch.onnx.export``."""
+    return _TRACING_FOR_ONNX or torch.onnx.is_in_onnx_export()
 
 
 # torch.jit.trace (and the ONNX exporter's legacy mode, dynamo=False, which runs it) records what Python reads of a
@@ -509,10 +531,10 @@ class SequenceLayout:
         that holds the length are left out where the length is known when tracing.
 
         Compiled or exported with ``torch.export``, every transform length runs on every row, each row keeping its own
-        result: a graph of fixed shapes. Exported to ONNX (``torch.onnx.export``), each transform length runs on its
-        own rows only, which the graph finds (``nonzero``; none where no row needs it), so that ONNX Runtime pays for
-        each row's own transform length, as eager PyTorch does. A ``torch.export`` program keeps the assertions its
-        tracing made on those row counts (an FFT of no rows is one), and would fail where a length has no row; the
+        result: a graph of fixed shapes. Traced for ONNX (:func:`is_tracing_for_onnx`), each transform length runs on
+        its own rows only, which the graph finds (``nonzero``; none where no row needs it), so that ONNX Runtime pays
+        for each row's own transform length, as eager PyTorch does. A ``torch.export`` program keeps the assertions
+        its tracing made on those row counts (an FFT of no rows is one), and would fail where a length has no row; the
         ONNX exporter leaves them out of the graph, and ONNX Runtime computes a length of no rows as nothing."""
         batch, length = shape
         if isinstance(length, int):
@@ -528,7 +550,7 @@ class SequenceLayout:
         groups = []
         for n in lengths:
             own = rung == n
-            members = own.nonzero().squeeze(1) if torch.onnx.is_in_onnx_export() else torch.arange(batch, device=device)
+            members = own.nonzero().squeeze(1) if is_tracing_for_onnx() else torch.arange(batch, device=device)
             own = own.index_select(0, members)
             mask = (torch.arange(n, device=device) < counts.index_select(0, members).unsqueeze(1)) & own.unsqueeze(1)
             index = torch.where(mask, members.unsqueeze(1) * length + order.index_select(0, members)[:, :n],

@@ -39,6 +39,7 @@ from .modeling import (
     OrchidPreTrainedModel,
 )
 from .modeling.orchid_layers import mask_rule
+from .modeling.orchid_ops import tracing_for_onnx
 
 # The outputs of each exportable class, in the order of the graph's outputs.
 OUTPUT_NAMES: dict[type, tuple[str, ...]] = {
@@ -286,7 +287,7 @@ def export_onnx(
         "length": torch.export.Dim("length", min=1, max=length),
     }
     wrapper = ExportedForward(model)
-    with eval_mode(model):
+    with eval_mode(model), tracing_for_onnx():
         program = torch.export.export(
             wrapper,
             tuple(tensor.to(device) for tensor in example.values()),

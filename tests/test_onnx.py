@@ -409,7 +409,12 @@ def test_batches_that_leave_transform_lengths_without_rows_in_a_program_and_in_o
     names = ("input_ids", "attention_mask", "token_type_ids")
     program = torch.export.export(model, (), kwargs={name: example[name] for name in names},
                                   dynamic_shapes={name: {0: batch, 1: length} for name in names}).module()  # fmt: skip
-    session = onnxruntime_session(export_onnx(model, tmp_path / "model.onnx"))
+    import onnx
+
+    path = export_onnx(model, tmp_path / "model.onnx")
+    # The ONNX graph finds each transform length's rows: one NonZero per length (the program has none).
+    assert [node.op_type for node in onnx.load(path).graph.node].count("NonZero") == 3
+    session = onnxruntime_session(path)
     for rows in ([9, 12, 16], [16, 30, 64, 5]):  # all at 16; then one at each length
         inputs = example_inputs(model, len(rows), max(rows), torch.Generator().manual_seed(2))
         inputs["attention_mask"] = (torch.arange(max(rows)) < torch.tensor(rows).unsqueeze(1)).long()
