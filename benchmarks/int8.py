@@ -59,6 +59,13 @@ def export(model, folder: Path) -> Path:
     return folder / "model.onnx"
 
 
+def graph_bytes(path: Path) -> int:
+    """The bytes of an ONNX file and of the external data beside it (``NAME.onnx.data``, as transformers' exporter
+    writes the weights)."""
+    return sum(file.stat().st_size for file in path.parent.iterdir()
+               if file.name == path.name or file.name.startswith(path.name + "."))  # fmt: skip
+
+
 def masked_text(tokenizer, validation_file: str, seed: int, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """The held-out stream, cut to ``max_tokens`` (0: all), masked once: ``(inputs, labels)``."""
     from experiments.real_data.long_context import MLM_PROBABILITY, mask_stream, token_stream
@@ -100,7 +107,7 @@ def run_model(folder: str, args) -> list[dict]:
                     ("ONNX Runtime, int8", OnnxMaskedLM(quantized, args.threads), quantized)]  # fmt: skip
         for name, runner, file in runtimes:
             rows.append({"model": folder, "model_type": model.config.model_type, "runtime": name,
-                         "file_mib": file.stat().st_size / 2**20 if file else None,
+                         "file_mib": None if file is None else graph_bytes(file) / 2**20,
                          **score(runner, inputs, labels, args.length, special, args.tokens_per_batch)})  # fmt: skip
     base = rows[0]
     for row in rows:

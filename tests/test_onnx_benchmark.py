@@ -79,6 +79,6 @@ def test_int8_benchmark_scores_orchid_and_bert_in_every_runtime(tmp_path):
         exact, onnx = rows[kind, "PyTorch"], rows[kind, "ONNX Runtime, float32"]
         assert onnx["loss"] == pytest.approx(exact["loss"], rel=1e-4)  # the same predictions, read by ONNX Runtime
         quantized = rows[kind, "ONNX Runtime, int8"]
-        assert quantized["file_mib"] > 0 and 0 <= quantized["accuracy"] <= 1
+        assert 0 < quantized["file_mib"] and 0 <= quantized["accuracy"] <= 1 and onnx["file_mib"] > 0.05
         assert quantized["loss"] == pytest.approx(exact["loss"], rel=0.05)
     assert "| orchid (orchid) | ONNX Runtime, int8 |" in (tmp_path / "out" / "int8_cpu_threads1.md").read_text()
