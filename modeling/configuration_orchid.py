@@ -89,48 +89,29 @@ CIFAR_VIT = dict(
     num_labels=10,
 )
 
+# Orchid-BERT's text settings (Sec. 4.2): BERT's vocabulary and sequence length, block-diagonal GLU MLPs, short
+# convolutions of 3, and a residual long convolution.
+BERT_TEXT = dict(
+    vocab_size=30522,
+    max_position_embeddings=128,
+    mlp_type="glu",
+    mlp_num_blocks=4,
+    short_conv_size=3,
+    filter_emb_dim=5,
+    residual_long_conv=True,
+)
+
 # The model sizes of the paper (Sec. 4.2, 4.3; Tables 4.4, 4.5, C.3). Parameter counts in the paper:
 # bert-base 77M, bert-large 254M, vit-cifar-s 735K, vit-cifar-m 2.0M, vit-imagenet 48M.
 PRESETS: dict[str, dict] = {
-    "orchid-bert-base": dict(
-        vocab_size=30522,
-        hidden_size=768,
-        num_hidden_layers=12,
-        intermediate_size=3072,
-        max_position_embeddings=128,
-        mlp_type="glu",
-        mlp_num_blocks=4,
-        short_conv_size=3,
-        filter_emb_dim=5,
-        residual_long_conv=True,
-    ),
-    "orchid-bert-large": dict(
-        vocab_size=30522,
-        hidden_size=1536,
-        num_hidden_layers=12,
-        intermediate_size=6144,
-        max_position_embeddings=128,
-        mlp_type="glu",
-        mlp_num_blocks=4,
-        short_conv_size=3,
-        filter_emb_dim=5,
-        residual_long_conv=True,
-    ),
+    "orchid-bert-base": dict(BERT_TEXT, hidden_size=768, num_hidden_layers=12, intermediate_size=3072),
+    "orchid-bert-large": dict(BERT_TEXT, hidden_size=1536, num_hidden_layers=12, intermediate_size=6144),
     # orchid-bert-base for long text: without a position table, which a long model learns slowly and the filters'
     # lags make unneeded (docs/results/long_context.md, "What makes a model built for 2,048 tokens learn less").
     "orchid-bert-long": dict(
-        vocab_size=30522,
-        hidden_size=768,
-        num_hidden_layers=12,
-        intermediate_size=3072,
-        max_position_embeddings=2048,
+        BERT_TEXT, hidden_size=768, num_hidden_layers=12, intermediate_size=3072, max_position_embeddings=2048,
         position_embedding_type="none",
-        mlp_type="glu",
-        mlp_num_blocks=4,
-        short_conv_size=3,
-        filter_emb_dim=5,
-        residual_long_conv=True,
-    ),
+    ),  # fmt: skip
     "orchid-vit-cifar-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=512),
     "orchid-vit-cifar-m": dict(CIFAR_VIT, hidden_size=220, intermediate_size=880),
     # Orchid-s with the 2-D operator over the patch grid, and the hybrid of Hyena N-D's best stack ("Hyena first"):
