@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -58,7 +59,7 @@ def compare(model, session, feed: dict, repeats: int, budget_s: float) -> dict:
     error = ((onnxruntime() - pytorch()).abs() * real).max().item()  # also the warm-up
     steps = {"pytorch": lambda: timed_call(pytorch), "onnxruntime": lambda: timed_call(onnxruntime)}
     times = interleaved_times(steps, repeats, 3, budget_s)
-    median = {name: sorted(values)[len(values) // 2] for name, values in times.items()}
+    median = {name: statistics.median(values) for name, values in times.items()}
     return {"real_tokens": int(real.sum()), "pytorch_s": median["pytorch"], "onnxruntime_s": median["onnxruntime"],
             "ratio": median["onnxruntime"] / median["pytorch"], "rounds": len(times["pytorch"]),
             "max_abs_difference": error, "load_average": load_average()}  # fmt: skip
