@@ -646,6 +646,15 @@ def train(model, examples: Sequence[Haystack], learning_rate: float, steps: int,
     return losses
 
 
+def loss_curve(losses: Sequence[float], points: int = 50) -> list[dict]:
+    """The training losses in at most ``points`` consecutive chunks of steps: each chunk's last step (counted from
+    1) and its mean loss, so that a results file shows whether and when the loss fell."""
+    size = max(1, math.ceil(len(losses) / points))
+    chunks = [losses[start : start + size] for start in range(0, len(losses), size)]
+    return [{"step": min((k + 1) * size, len(losses)), "loss": sum(chunk) / len(chunk)}
+            for k, chunk in enumerate(chunks)]
+
+
 def choose_learning_rate(validations: Sequence[dict]) -> tuple[int, bool]:
     """``(index, at edge)``: the best of ``validations`` (one per learning rate of the grid, in increasing order,
     each with validation ``accuracy`` and ``loss``): the highest accuracy, ties broken by the lower loss (a NaN
@@ -689,7 +698,7 @@ def finetune_and_select(
         summary = summarise(records)
         runs.append({"learning_rate": learning_rate, "validation_accuracy": summary["overall_accuracy"],
                      "validation_loss": summary["loss"], "train_loss_first": losses[0], "train_loss_last": losses[-1],
-                     "train_seconds": round(seconds, 2)})  # fmt: skip
+                     "train_loss_curve": loss_curve(losses), "train_seconds": round(seconds, 2)})  # fmt: skip
         best, _ = choose_learning_rate([{"accuracy": r["validation_accuracy"], "loss": r["validation_loss"]}
                                         for r in runs])  # fmt: skip
         if best == len(runs) - 1:

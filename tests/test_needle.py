@@ -391,6 +391,10 @@ def test_finetuning_chooses_on_validation_and_warns_at_the_grid_edge(corpus, tmp
     tuning = results["finetuning"]
     assert tuning["learning_rates"] == [r["learning_rate"] for r in tuning["runs"]] == [1e-7, 3e-3, 30.0]
     assert tuning["steps"] == 4 and tuning["train_examples"] == 16 and tuning["validation_examples"] == 4
+    for run in tuning["runs"]:  # the curve: each step's loss once, in chunks that end at the last step
+        assert [point["step"] for point in run["train_loss_curve"]] == [1, 2, 3, 4]
+        assert run["train_loss_curve"][0]["loss"] == run["train_loss_first"]
+        assert run["train_loss_curve"][-1]["loss"] == pytest.approx(run["train_loss_last"], nan_ok=True)  # lr 30
     # A learning rate too small to move the model and one that wrecks it: the middle one is best, inside the grid.
     assert tuning["best_learning_rate"] == 3e-3 and tuning["best_at_edge"] is False
     losses = {r["learning_rate"]: r["validation_loss"] for r in tuning["runs"]}
