@@ -775,8 +775,9 @@ def plot_heatmaps(results: dict, output_dir: str | Path) -> list[Path]:
 
     paths = []
     lengths, depths = results["lengths"], results["depths"]
-    state = f"fine-tuned, lr {results['finetuning']['best_learning_rate']:g}" if results["finetuning"] \
-        else "not fine-tuned"  # fmt: skip
+    trained = ", ".join(f"{length:,}" for length in results.get("train_lengths") or lengths)
+    state = f"fine-tuned at {trained} tokens, lr {results['finetuning']['best_learning_rate']:g}" \
+        if results["finetuning"] else "not fine-tuned"  # fmt: skip
     for task in results["tasks"]:
         table = results["accuracy"][task]
         values = np.array([[table[str(length)][depth_key(depth)] for length in lengths] for depth in depths])
@@ -818,6 +819,7 @@ def run_needle_benchmark(
     tasks: Sequence[str] = TASKS,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
     depths: Sequence[float] = DEFAULT_DEPTHS,
+    train_lengths: Sequence[int] | None = None,
     examples_per_cell: int = 10,
     validation_examples_per_cell: int | None = None,
     finetune: bool = True,
@@ -839,7 +841,9 @@ def run_needle_benchmark(
 ) -> dict:
     """The benchmark of one masked-LM checkpoint: with ``finetune``, fine-tuned on ``train_examples`` haystacks of
     ``train_files`` for ``max_steps`` steps (or ``epochs`` passes) at each of ``learning_rates``, the learning rate
-    chosen on the haystacks of ``validation_files`` (:func:`finetune_and_select`); then scored on
+    chosen on the haystacks of ``validation_files`` (:func:`finetune_and_select`); training and validation haystacks
+    are ``train_lengths`` long (default: ``lengths``), so that a model fine-tuned on short haystacks can be scored on
+    longer ones (length generalisation); then scored on
     ``examples_per_cell`` haystacks of ``test_files`` per task, length and depth (:func:`score`). The three sets of
     files must not share a file. Writes to ``output_dir`` ``results.json`` (returned), ``predictions.jsonl`` (one
     test haystack a line), ``heatmap_<task>.png`` (:func:`plot_heatmaps`) and, with ``save_model``, the fine-tuned
@@ -852,6 +856,7 @@ def run_needle_benchmark(
 
     started = time.perf_counter()
     tasks, lengths, depths = check_tasks(tasks), check_lengths(lengths), check_depths(depths)
+    train_lengths = lengths if train_lengths is None else check_lengths(train_lengths, "train_lengths")
     test_paths = text_files(test_files, "test_files")
     split_paths = {"test": test_paths}
     if finetune:
@@ -883,12 +888,13 @@ def run_needle_benchmark(
     test = build_grid(builders["test"], tasks, lengths, depths, examples_per_cell, seed, "test")
     finetuning = None
     if finetune:
-        training = build_training_set(builders["train"], tasks, lengths, train_examples, seed)
-        validation = build_grid(builders["validation"], tasks, lengths, depths,
+        training = build_training_set(builders["train"], tasks, train_lengths, train_examples, seed)
+        validation = build_grid(builders["validation"], tasks, train_lengths, depths,
                                 validation_examples_per_cell or examples_per_cell, seed, "validation")  # fmt: skip
         steps = max_steps or math.ceil(epochs * len(training) / batch_size)
+        all_lengths = sorted({*lengths, *train_lengths})  # the model's window is the longest of them
         model, window, how, finetuning = finetune_and_select(
-            model_name_or_path, lengths, training, validation, learning_rates, steps, max_length, truncation_side,
+            model_name_or_path, all_lengths, training, validation, learning_rates, steps, max_length, truncation_side,
             batch_size, tokens_per_batch, warmup_ratio, weight_decay, seed, device, progress)  # fmt: skip
     else:
         model, window, how = load_model(model_name_or_path, lengths, max_length, truncation_side, device)
@@ -904,6 +910,7 @@ def run_needle_benchmark(
         "how": how,
         "tasks": tasks,
         "lengths": lengths,
+        "train_lengths": train_lengths if finetune else None,
         "depths": depths,
         "examples_per_cell": examples_per_cell,
         "seed": seed,

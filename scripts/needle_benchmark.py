@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS),
                         help="Haystack lengths in tokens, [CLS] and [SEP] in.")  # fmt: skip
+    parser.add_argument("--train_lengths", type=int, nargs="+", default=None,
+                        help="Lengths of the training and validation haystacks (default: --lengths): fine-tune short, "
+                             "score long.")  # fmt: skip
     parser.add_argument("--depths", type=float, nargs="+", default=list(DEFAULT_DEPTHS),
                         help="Needle depths in percent of the text (0: first, 100: before the question).")  # fmt: skip
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), help=f"Among {', '.join(TASKS)}.")
@@ -90,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
 
 def check_arguments(args: dict) -> None:
     check_lengths(args["lengths"], "--lengths")
+    if args["train_lengths"] is not None:
+        check_lengths(args["train_lengths"], "--train_lengths")
     check_depths(args["depths"], "--depths")
     check_tasks(args["tasks"], "--tasks")
     text_files(args["test_files"], "--test_files")

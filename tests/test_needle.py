@@ -411,12 +411,36 @@ def test_finetuning_chooses_on_validation_and_warns_at_the_grid_edge(corpus, tmp
                              **{**common, "train_files": [corpus.root / "test" / "novel3.txt"]})  # fmt: skip
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_finetuning_on_short_haystacks_scores_long_ones(corpus, tmp_path, monkeypatch):
+    import experiments.needle as needle
+
+    trained = []
+
+    def spy(builder, tasks, lengths, examples, seed):
+        trained.append(list(lengths))
+        return build_training_set(builder, tasks, lengths, examples, seed)
+
+    monkeypatch.setattr(needle, "build_training_set", spy)
+    splits = {f"{split}_files": [corpus.root / split] for split in ("train", "validation", "test")}
+    results = run_needle_benchmark(corpus.orchid, **splits, output_dir=tmp_path, tasks=["copy"],
+                                   lengths=[128, 160], train_lengths=[96], depths=[0, 100], examples_per_cell=2,
+                                   train_examples=8, max_steps=2, batch_size=4, learning_rates=[1e-7, 1e-3, 10.0],
+                                   device="cpu", progress=False)  # fmt: skip
+    assert trained == [[96]] and results["train_lengths"] == [96] and results["lengths"] == [128, 160]
+    # Validation haystacks are of the training length: one task, one length, two depths, two examples.
+    assert results["finetuning"]["validation_examples"] == 4
+    assert {cell["length"] for cell in results["cells"]} == {128, 160} and results["window"] >= 160
+    assert (tmp_path / "heatmap_copy.png").exists()
+
+
 def test_the_command_line_names_the_flag_and_value_it_refuses(corpus, tmp_path):
     script = load_script()
     base = ["--model", str(corpus.bert), "--test_files", str(corpus.root / "test"), "--output_dir", str(tmp_path),
             "--no_finetune"]  # fmt: skip
     cases = [
         (["--lengths", "512", "-5"], r"--lengths -5"),
+        (["--train_lengths", "2"], r"--train_lengths 2: a haystack length is a whole number of tokens, at least 3"),
         (["--depths", "50", "101"], r"--depths 101\.0: a depth is a percentage of the text, in \[0, 100\]"),
         (["--depths", "-1"], r"--depths -1\.0"),
         (["--tasks", "passkey", "haystack"], r"--tasks 'haystack': not a task"),
