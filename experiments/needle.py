@@ -34,6 +34,7 @@ import itertools
 import math
 import random
 import re
+import statistics
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -802,6 +803,80 @@ def plot_heatmaps(results: dict, output_dir: str | Path) -> list[Path]:
     return paths
 
 
+def mean_accuracy(results: dict, task: str, length: int) -> float:
+    """A run's accuracy on ``task`` at ``length``, the mean over its depths (every depth has as many examples)."""
+    row = results["accuracy"][task][str(length)]
+    return sum(row.values()) / len(row)
+
+
+def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] = ()) -> str:
+    """Markdown tables of needle runs, ``runs`` mapping a model's label to its runs' ``results.json`` (one per
+    seed, fine-tuned and scored alike): accuracy per task and length (the mean over depths; with several seeds,
+    their mean and each seed's value), marked where some needles stood outside the window; the time and memory of
+    reading a haystack and the time of a fine-tuning step; and, for each ``(first, second)`` of ``compare``, the
+    difference of their accuracies per task and length with its 95% interval over seeds
+    (:func:`experiments.real_data.report.comparison_words`: no difference is stated below three seeds a model)."""
+    from experiments.real_data.report import comparison_words, difference_interval
+
+    for label, group in runs.items():
+        if not group:
+            raise ValueError(f"model {label!r} has no run")
+        shapes = {(tuple(r["tasks"]), tuple(r["lengths"]), tuple(r["depths"])) for r in group}
+        if len(shapes) > 1:
+            raise ValueError(f"the runs of {label!r} differ in tasks, lengths or depths: {sorted(shapes)}")
+    for pair in compare:
+        for label in pair:
+            if label not in runs:
+                raise ValueError(f"compare names {label!r}, which is not among the runs {list(runs)}")
+    lengths = next(iter(runs.values()))[0]["lengths"]
+
+    def accuracies(group: Sequence[dict], task: str, length: int) -> list[float]:
+        return [mean_accuracy(r, task, length) for r in group]
+
+    def cell(group: Sequence[dict], task: str, length: int) -> str:
+        values = accuracies(group, task, length)
+        text = f"{100 * statistics.mean(values):.0f}%"
+        if len(values) > 1:
+            text += f" ({' / '.join(f'{100 * v:.0f}' for v in values)})"
+        return text + ("†" if any(r["outside_window"][task][str(length)] for r in group) else "")
+
+    lines = ["| model | task | " + " | ".join(f"{length:,} tokens" for length in lengths) + " |",
+             "|---|---|" + "---|" * len(lengths)]  # fmt: skip
+    for label, group in runs.items():
+        for task in group[0]["tasks"]:
+            lines.append(f"| {label} | {task} | " + " | ".join(cell(group, task, n) for n in lengths) + " |")
+    lines += ["", "† some needles stood outside the model's window (it reads the end of the haystack).", "",
+              "| model | fine-tuned at (tokens) | learning rate | seeds | s / step | "
+              + " | ".join(f"{length:,}: ms / haystack, MiB" for length in lengths) + " |",
+              "|---|---|---|---|---|" + "---|" * len(lengths)]  # fmt: skip
+    for label, group in runs.items():
+        tuned = [r["finetuning"] for r in group if r["finetuning"]]
+        rates = sorted({t["best_learning_rate"] for t in tuned})
+        steps = [next(run["train_seconds"] for run in t["runs"] if run["learning_rate"] == t["best_learning_rate"])
+                 / t["steps"] for t in tuned]  # fmt: skip
+        trained = ", ".join(f"{n:,}" for n in group[0].get("train_lengths") or lengths) if tuned else "not fine-tuned"
+        speed = []
+        for length in lengths:
+            entries = [r["speed_and_memory"][str(length)] for r in group]
+            milliseconds = 1000 * statistics.mean(e["seconds_per_example"] for e in entries)
+            speed.append(f"{milliseconds:.0f}, {max(e['peak_memory_mib'] for e in entries):.0f}")
+        lines.append(f"| {label} | {trained} | {', '.join(f'{rate:g}' for rate in rates) or '–'} | "
+                     f"{', '.join(str(r['seed']) for r in group)} | "
+                     f"{f'{statistics.mean(steps):.2f}' if steps else '–'} | " + " | ".join(speed) + " |")  # fmt: skip
+    for first, second in compare:
+        lines += ["", f"{first} against {second}:", ""]
+        for task in runs[first][0]["tasks"]:
+            for length in lengths:
+                a, b = accuracies(runs[first], task, length), accuracies(runs[second], task, length)
+                if min(len(a), len(b)) < 2:
+                    words = (f"no difference stated ({first} − {second}: "
+                             f"{100 * (statistics.mean(a) - statistics.mean(b)):+.1f} points; fewer than 3 seeds)")
+                else:
+                    words = comparison_words(first, second, difference_interval(a, b))
+                lines.append(f"- {task}, {length:,} tokens: {words}")
+    return "\n".join(lines) + "\n"
+
+
 def sample(tokenizer, haystack: Haystack) -> dict:
     """What one haystack's needle and question read like (decoded tokens), and its answer."""
     ids = haystack.input_ids
@@ -963,9 +1038,11 @@ __all__ = [
     "load_model",
     "load_sources",
     "load_tokenizer",
+    "mean_accuracy",
     "example_peak_mib",
     "plot_heatmaps",
     "read_paragraphs",
+    "report",
     "run_needle_benchmark",
     "sample",
     "score",

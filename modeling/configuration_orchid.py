@@ -107,10 +107,12 @@ PRESETS: dict[str, dict] = {
     "orchid-bert-base": dict(BERT_TEXT, hidden_size=768, num_hidden_layers=12, intermediate_size=3072),
     "orchid-bert-large": dict(BERT_TEXT, hidden_size=1536, num_hidden_layers=12, intermediate_size=6144),
     # orchid-bert-base for long text: without a position table, which a long model learns slowly and the filters'
-    # lags make unneeded (docs/results/long_context.md, "What makes a model built for 2,048 tokens learn less").
+    # lags make unneeded (docs/results/long_context.md, "What makes a model built for 2,048 tokens learn less"), and
+    # with word embeddings from N(0, 0.3^2), with which the text settings learn associative recall and BERT's 0.02
+    # does not (docs/model.md, "orchid-recall").
     "orchid-bert-long": dict(
         BERT_TEXT, hidden_size=768, num_hidden_layers=12, intermediate_size=3072, max_position_embeddings=2048,
-        position_embedding_type="none",
+        position_embedding_type="none", word_embedding_init_std=0.3,
     ),  # fmt: skip
     "orchid-vit-cifar-s": dict(CIFAR_VIT, hidden_size=128, intermediate_size=512),
     "orchid-vit-cifar-m": dict(CIFAR_VIT, hidden_size=220, intermediate_size=880),

@@ -78,10 +78,10 @@ def test_preset_parameter_counts_match_the_paper(capsys):
     assert set(OrchidConfig.preset_names()) == set(PAPER_PARAMETERS) | {
         "orchid-recall", "orchid-vit-2d-s", "orchid-vit-2d-hybrid-s", "orchid-bert-long"
     }
-    # orchid-bert-long is orchid-bert-base without its position table, at 2,048 positions.
+    # orchid-bert-long is orchid-bert-base without its position table, at 2,048 positions, with larger word embeddings.
     base, long = OrchidConfig.from_preset("orchid-bert-base"), OrchidConfig.from_preset("orchid-bert-long")
     assert {k: v for k, v in long.to_dict().items() if base.to_dict().get(k) != v} == {
-        "max_position_embeddings": 2048, "position_embedding_type": "none"}
+        "max_position_embeddings": 2048, "position_embedding_type": "none", "word_embedding_init_std": 0.3}
     with torch.device("meta"):
         assert OrchidForMaskedLM(long).base_model.embeddings.position_embeddings is None
     rows = []

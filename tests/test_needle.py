@@ -462,3 +462,52 @@ def test_the_command_line_names_the_flag_and_value_it_refuses(corpus, tmp_path):
         script.main(finetune + ["--train_files", str(corpus.root / "train"), "--validation_files",
                                 str(corpus.root / "validation"), "--learning_rates", "-0.001"])  # fmt: skip
     assert not (tmp_path / "results.json").exists()
+
+
+def fake_run(seed: int, accuracy: dict[int, float], outside: tuple[int, ...] = ()) -> dict:
+    """A needle run's results.json as the report reads it: one task, two depths, ``accuracy`` per length."""
+    lengths = sorted(accuracy)
+    return {
+        "tasks": ["passkey"], "lengths": lengths, "depths": [0.0, 100.0], "seed": seed, "train_lengths": [128],
+        "accuracy": {"passkey": {str(n): {"0": accuracy[n], "100": accuracy[n]} for n in lengths}},
+        "outside_window": {"passkey": {str(n): [0.0] if n in outside else [] for n in lengths}},
+        "speed_and_memory": {str(n): {"seconds_per_example": n / 1e5, "peak_memory_mib": n / 100} for n in lengths},
+        "finetuning": {"best_learning_rate": 1e-3, "steps": 10,
+                       "runs": [{"learning_rate": 1e-3, "train_seconds": 5.0}]},
+    }  # fmt: skip
+
+
+def test_the_report_puts_seeds_side_by_side_and_sizes_differences_by_them(tmp_path):
+    from experiments.needle import report
+
+    orchid = [fake_run(s, {128: 1.0, 2048: 0.9 + 0.02 * s}) for s in range(3)]
+    bert = [fake_run(s, {128: 1.0 - 0.01 * s, 2048: 0.1 * s}, outside=(2048,)) for s in range(3)]
+    text = report({"Orchid": orchid, "BERT": bert}, [("Orchid", "BERT")])
+    assert "| Orchid | passkey | 100% (100 / 100 / 100) | 92% (90 / 92 / 94) |" in text
+    assert "| BERT | passkey | 99% (100 / 99 / 98) | 10% (0 / 10 / 20)† |" in text
+    # Fine-tuning: 5 s over 10 steps; reading: n / 1e5 s and n / 100 MiB per haystack of n tokens.
+    assert "| Orchid | 128 | 0.001 | 0, 1, 2 | 0.50 | 1, 1 | 20, 20 |" in text
+    assert "- passkey, 2,048 tokens: Orchid beats BERT by 82.0 points" in text
+    assert "- passkey, 128 tokens: Orchid and BERT are level" in text
+    two = report({"Orchid": orchid[:2], "BERT": bert[:2]}, [("Orchid", "BERT")])
+    assert "- passkey, 2,048 tokens: no difference stated (Orchid − BERT: +86.0 points; fewer than 3 seeds)" in two
+    one = report({"Orchid": orchid[:1], "BERT": bert[:1]}, [("Orchid", "BERT")])
+    assert "fewer than 3 seeds" in one and "| Orchid | passkey | 100% | 90% |" in one
+    with pytest.raises(ValueError, match="compare names 'ViT', which is not among the runs"):
+        report({"Orchid": orchid}, [("Orchid", "ViT")])
+    with pytest.raises(ValueError, match="the runs of 'Orchid' differ in tasks, lengths or depths"):
+        report({"Orchid": [orchid[0], fake_run(1, {128: 1.0})]})
+
+    spec = importlib.util.spec_from_file_location("needle_report", ROOT / "scripts" / "needle_report.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for k, run in enumerate(orchid):
+        (tmp_path / f"o{k}").mkdir()
+        (tmp_path / f"o{k}" / "results.json").write_text(json.dumps(run))
+    output = tmp_path / "tables.md"
+    written = script.main([*(f"--run=Orchid={tmp_path / f'o{k}'}" for k in range(3)), "--output", str(output)])
+    assert output.read_text() == written == report({"Orchid": orchid})
+    with pytest.raises(ValueError, match="give LABEL=RUN_DIR"):
+        script.main(["--run", str(tmp_path / "o0")])
+    with pytest.raises(ValueError, match="results.json does not exist"):
+        script.main(["--run", f"Orchid={tmp_path}"])
