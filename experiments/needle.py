@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import peak_bytes, provenance, timed_call, write_json
+from benchmarks.harness import peak_bytes, provenance, table_lines, timed_call, write_json
 from experiments.real_data.novels import novel_name, read_novel, split_chapters
 
 TASKS = ("passkey", "needle", "copy")
@@ -840,15 +840,11 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
             text += f" ({' / '.join(f'{100 * v:.0f}' for v in values)})"
         return text + ("†" if any(r["outside_window"][task][str(length)] for r in group) else "")
 
-    lines = ["| model | task | " + " | ".join(f"{length:,} tokens" for length in lengths) + " |",
-             "|---|---|" + "---|" * len(lengths)]  # fmt: skip
-    for label, group in runs.items():
-        for task in group[0]["tasks"]:
-            lines.append(f"| {label} | {task} | " + " | ".join(cell(group, task, n) for n in lengths) + " |")
-    lines += ["", "† some needles stood outside the model's window (it reads the end of the haystack).", "",
-              "| model | fine-tuned at (tokens) | learning rate | seeds | s / step | "
-              + " | ".join(f"{length:,}: ms / haystack, MiB" for length in lengths) + " |",
-              "|---|---|---|---|---|" + "---|" * len(lengths)]  # fmt: skip
+    lines = table_lines(["model", "task", *(f"{length:,} tokens" for length in lengths)],
+                        [[label, task, *(cell(group, task, n) for n in lengths)]
+                         for label, group in runs.items() for task in group[0]["tasks"]])  # fmt: skip
+    lines += ["", "† some needles stood outside the model's window (it reads the end of the haystack).", ""]
+    rows = []
     for label, group in runs.items():
         tuned = [r["finetuning"] for r in group if r["finetuning"]]
         rates = sorted({t["best_learning_rate"] for t in tuned})
@@ -860,9 +856,11 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
             entries = [r["speed_and_memory"][str(length)] for r in group]
             milliseconds = 1000 * statistics.mean(e["seconds_per_example"] for e in entries)
             speed.append(f"{milliseconds:.0f}, {max(e['peak_memory_mib'] for e in entries):.0f}")
-        lines.append(f"| {label} | {trained} | {', '.join(f'{rate:g}' for rate in rates) or '–'} | "
-                     f"{', '.join(str(r['seed']) for r in group)} | "
-                     f"{f'{statistics.mean(steps):.2f}' if steps else '–'} | " + " | ".join(speed) + " |")  # fmt: skip
+        rows.append([label, trained, ", ".join(f"{rate:g}" for rate in rates) or "–",
+                     ", ".join(str(r["seed"]) for r in group), f"{statistics.mean(steps):.2f}" if steps else "–",
+                     *speed])  # fmt: skip
+    lines += table_lines(["model", "fine-tuned at (tokens)", "learning rate", "seeds", "s / step",
+                          *(f"{length:,}: ms / haystack, MiB" for length in lengths)], rows)  # fmt: skip
     for first, second in compare:
         lines += ["", f"{first} against {second}:", ""]
         for task in runs[first][0]["tasks"]:
