@@ -16,6 +16,8 @@ fine-tuning epoch with padding pay for their own tokens.
   (as ``DataCollatorWithFlattening`` gives them; Orchid only), and one sequence a call (full rows, no padding at all);
   with ``--reference``, also another version of the model code on the padded batches. Real tokens per second over the
   whole workload, and the peak tensor memory of its largest batch.
+* ``mixed-profile``: where Orchid's padded batches of that workload spend their time beyond the same sequences one a
+  call, op by op (torch.profiler's self CPU time over one pass each way).
 * ``finetune``: one epoch of masked-LM fine-tuning (30% masking, AdamW) on the paragraphs of ``--text-file`` (a novel
   in Project Gutenberg's layout, each paragraph one sequence of at most ``--max-length`` tokens, ``--batch`` a step),
   with dynamic padding for Orchid and BERT (SDPA) and packed batches for Orchid; ``--fine-tune-size`` the models'
@@ -170,6 +172,28 @@ def run_mixed(args) -> list[dict]:
     return rows
 
 
+def run_mixed_profile(args, ops: int = 12) -> list[dict]:
+    """Where the padded batches of the mixed workload spend their time beyond the same sequences one a call: each op's
+    self CPU time over one pass of the workload both ways (torch.profiler, after a warm-up pass), the ops whose times
+    differ most first, and the totals."""
+    from benchmarks.profiles import op_times
+
+    workload = mixed_workload(args.sequences, args.batch)
+    torch.manual_seed(0)
+    model = orchid_model(MIXED_POSITIONS, args.layers)
+    ways = {"padded": workload, "single": [single for batch in workload for single in one_by_one(batch)]}
+    times = {}
+    for name, batches in ways.items():
+        times[name], times[f"{name}_wall"] = op_times(lambda batches=batches: [forward(model, b)() for b in batches], 1)
+    names = sorted(set(times["padded"]) | set(times["single"]),
+                   key=lambda op: times["single"].get(op, 0.0) - times["padded"].get(op, 0.0))  # fmt: skip
+    rows = [dict(part="mixed_profile", op=op, padded_ms=times["padded"].get(op, 0.0),
+                 single_ms=times["single"].get(op, 0.0)) for op in names[:ops]]  # fmt: skip
+    rows.append(dict(part="mixed_profile", op="total (wall)", padded_ms=times["padded_wall"],
+                     single_ms=times["single_wall"]))  # fmt: skip
+    return rows
+
+
 def finetune_data(args, tokenizer) -> list[list[int]]:
     """The paragraphs of ``--text-file``, tokenized (``[CLS] ... [SEP]``, at most ``--max-length`` tokens each)."""
     from experiments.real_data.novels import read_novel
@@ -271,9 +295,15 @@ def markdown(result: dict) -> str:
                                        f"{r['peak_bytes'] / 2**20:,.0f}"] for r in mixed])  # fmt: skip
         lines += ["", f"{mixed[0]['tokens']:,} real tokens; largest padded batch {tuple(mixed[0]['largest_batch'])}."]
         lines.append("")
+    profile = [r for r in result["rows"] if r["part"] == "mixed_profile"]
+    if profile:
+        header = ["op", "padded batches ms", "one sequence a call ms", "difference ms"]
+        lines += table_lines(header, [[r["op"], f"{r['padded_ms']:,.1f}", f"{r['single_ms']:,.1f}",
+                                       f"{r['padded_ms'] - r['single_ms']:+,.1f}"] for r in profile])  # fmt: skip
+        lines.append("")
     finetune = [r for r in result["rows"] if r["part"] == "finetune"]
     if finetune:
-        header = ["model, batches", "epoch s", "real tokens / s", "/ BERT", "steps", "tokens computed"]
+        header = ["model, batches", "epoch s", "real tokens / s", "/ BERT", "steps", "positions in the batches"]
         lines += table_lines(header, [[r["model"], f"{r['seconds']:,.1f}", f"{r['tokens_per_s']:,.0f}",
                                        f"{r['throughput_to_bert']:.2f}x", str(r["steps"]), f"{r['padded_tokens']:,}"]
                                       for r in finetune])  # fmt: skip
@@ -283,7 +313,8 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="short,mixed", help="comma-separated: short, mixed, finetune")
+    parser.add_argument("--parts", default="short,mixed",
+                        help="comma-separated: short, mixed, mixed-profile, finetune")
     parser.add_argument("--layers", type=int, default=2, help="layers of both models (default 2)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
@@ -302,9 +333,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tag", default=None)
     args = parser.parse_args(argv)
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
-    unknown = sorted(set(parts) - {"short", "mixed", "finetune"})
+    unknown = sorted(set(parts) - {"short", "mixed", "mixed-profile", "finetune"})
     if unknown or not parts:
-        parser.error(f"--parts takes short, mixed and finetune, got {args.parts!r}")
+        parser.error(f"--parts takes short, mixed, mixed-profile and finetune, got {args.parts!r}")
     if "finetune" in parts and not (args.text_file and args.tokenizer):
         parser.error("--parts finetune needs --text-file and --tokenizer")
     check_at_least(parser, args, "--layers", "--threads", "--repeats", "--sequences", "--batch", "--max-length")
@@ -314,6 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         **provenance(args.threads),
         "rows": (run_short(args) if "short" in parts else []) + (run_mixed(args) if "mixed" in parts else [])
+        + (run_mixed_profile(args) if "mixed-profile" in parts else [])
         + (run_finetune(args) if "finetune" in parts else []),
     }
     write_result(result, args.out_dir, "lengths" + (f"_{args.tag}" if args.tag else ""), markdown)

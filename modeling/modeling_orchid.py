@@ -842,6 +842,15 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return loss_fct(logits.reshape(-1, logits.shape[-1])[labelled], labels[labelled])
 
 
+def on_real_tokens(head, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``head`` (a per-token function) of the real tokens of ``hidden_states`` (B, L, d) only, as the encoder's
+    per-token layers run (:class:`SequenceLayout`): (B, L, C) with zeros at the padded positions, so that a head such
+    as the masked LM's projection to the vocabulary costs the real tokens, not the padded batch."""
+    real = None if attention_mask is None else attention_mask.bool()
+    layout = SequenceLayout.of_real_tokens(real, hidden_states.shape[:2])
+    return layout.restore(head(layout.gather(hidden_states)))
+
+
 class OrchidLMPredictionHead(nn.Module):
     """Dense -> activation -> LayerNorm -> decoder; the decoder weight is tied to the word embeddings."""
 
@@ -894,7 +903,7 @@ class OrchidForMaskedLM(OrchidPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        logits = on_real_tokens(self.lm_head, outputs.last_hidden_state, attention_mask)
         loss = None if labels is None else masked_lm_loss(logits, labels)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
@@ -1002,7 +1011,8 @@ class OrchidForTokenClassification(OrchidPreTrainedModel):
             return_dict=True,
             **kwargs,
         )
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        logits = on_real_tokens(lambda tokens: self.classifier(self.dropout(tokens)), outputs.last_hidden_state,
+                                attention_mask)
         loss = None
         if labels is not None:
             labels = check_classification_labels(labels, logits.shape[:-1], "batch, length", logits.shape[-1])

@@ -507,6 +507,19 @@ class SequenceLayout:
         return cls(shape, sequence_groups(starts, counts_list, rungs, device), tokens)
 
     @classmethod
+    def of_real_tokens(cls, real: torch.Tensor | None, shape: tuple[int, int]) -> SequenceLayout:
+        """The real tokens of a padded batch of ``shape`` (B, L), marked by ``real`` (B, L, bool; None: all), without
+        groups: the layout of per-token layers that follow the encoder (the heads). In a graph, every position."""
+        if real is None:
+            return cls(shape, ())
+        if is_traced():
+            return cls(shape, (), real=real.unsqueeze(-1))
+        count = int(real.sum())  # the one host read
+        if count == real.numel():
+            return cls(shape, ())
+        return cls(shape, (), torch.nonzero_static(real.flatten(), size=count).squeeze(1))
+
+    @classmethod
     def pair(cls, real, shape, source_real, source_shape, lengths, device) -> tuple[SequenceLayout, SequenceLayout]:
         """The layouts of a batch and of another whose rows share its rows' transform lengths (the operator's
         cross-conditioning, Remark 3.3): each row at the length that holds the longer of its two sequences."""

@@ -679,7 +679,7 @@ def test_the_lengths_benchmark_at_toy_sizes(tmp_path, monkeypatch):
     monkeypatch.setattr(lengths, "MIXED_RANGE", (16, 512))
     monkeypatch.setattr(lengths, "orchid_model", lambda positions, layers: _tiny_orchid(positions, layers))
     result = lengths.main(["--layers", "1", "--repeats", "1", "--sequences", "6", "--batch", "3",
-                           "--out-dir", str(tmp_path)])
+                           "--parts", "short,mixed,mixed-profile", "--out-dir", str(tmp_path)])
     short = [row for row in result["rows"] if row["part"] == "short"]
     assert [(row["model"], row["positions"]) for row in short] == [
         ("Orchid", 128), ("Orchid", 512), ("BERT (SDPA)", 128), ("BERT (SDPA)", 512)]
@@ -691,6 +691,11 @@ def test_the_lengths_benchmark_at_toy_sizes(tmp_path, monkeypatch):
     assert mixed["Orchid, one sequence a call"]["throughput_to_full_rows"] == 1.0
     assert all(row["peak_bytes"] > 0 for row in mixed.values())
     assert mixed["Orchid, packed"]["largest_batch"][0] == 1  # one row
+    profile = [row for row in result["rows"] if row["part"] == "mixed_profile"]
+    assert profile[-1]["op"] == "total (wall)" and profile[-1]["padded_ms"] > 0 and profile[-1]["single_ms"] > 0
+    differences = [row["padded_ms"] - row["single_ms"] for row in profile[:-1]]
+    assert differences == sorted(differences, reverse=True) and len(profile) <= 13
+    assert "| total (wall) |" in (tmp_path / "lengths.md").read_text()
     assert_records_where_it_was_made(json.loads((tmp_path / "lengths.json").read_text()))
     batches = lengths.mixed_workload(6, 3)
     assert [tuple(b["input_ids"].shape)[0] for b in batches] == [3, 3]

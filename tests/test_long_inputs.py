@@ -106,6 +106,40 @@ def test_each_sequence_is_mixed_at_its_own_length_and_gives_its_output_alone(hea
         torch.testing.assert_close(got, alone[0], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head", [OrchidForMaskedLM, OrchidForTokenClassification])
+def test_per_token_heads_run_on_the_real_tokens_only(head, dtype):
+    """The masked-LM and token-classification heads see the real tokens of a padded batch (padded on either side)
+    and no other position: at the real positions their logits, and their loss and gradients, are those of the head
+    run over every position of the encoder's output; padded positions hold zeros."""
+    torch.manual_seed(0)
+    model = head(long_config()).to(dtype)
+    ids, mask = mixed_batch((300, 100, 7), width=300)  # the row of 7 padded on the left
+    real = mask.bool()
+    picked = real & (torch.rand(ids.shape) < 0.3)
+    labels = torch.where(picked, ids if head is OrchidForMaskedLM else ids % 3, -100)
+    if head is OrchidForMaskedLM:
+        last, over_every_position = model.lm_head.decoder, model.lm_head
+    else:
+        last, over_every_position = model.classifier, lambda states: model.classifier(model.dropout(states))
+    rows = []
+    last.register_forward_hook(lambda module, args, output: rows.append(output.shape[:-1].numel()))
+    output = model(input_ids=ids, attention_mask=mask, labels=labels)
+    assert rows == [int(real.sum())]
+    assert output.logits.dtype == dtype and output.logits.shape[:2] == ids.shape
+    assert output.logits[~real].eq(0).all()
+    reference = over_every_position(model.orchid(ids, attention_mask=mask).last_hidden_state)
+    torch.testing.assert_close(output.logits[real], reference[real])
+    if dtype is torch.bfloat16:
+        return
+    reference_loss = torch.nn.functional.cross_entropy(reference[picked].float(), labels[picked])
+    torch.testing.assert_close(output.loss, reference_loss)
+    grads = torch.autograd.grad(output.loss, list(model.parameters()))
+    for (name, parameter), grad in zip(model.named_parameters(), grads):
+        torch.testing.assert_close(grad, torch.autograd.grad(reference_loss, parameter, retain_graph=True)[0],
+                                   msg=name)
+
+
 def test_a_short_batch_in_a_long_context_model_pays_for_its_own_length(monkeypatch):
     """In a model of 8,192 positions a batch of 128 tokens is mixed by transforms of 128 points, and gives the outputs
     of a model of 128 positions with the same weights (its transform lengths hold 128)."""
