@@ -5,20 +5,27 @@
 whose encoder it takes) or from a model in memory. A saved ``SentenceTransformer`` folder loads with
 ``SentenceTransformer(path)`` once ``orchid_hf`` is imported, or with ``trust_remote_code=True`` without it (the model
 code ships in the folder). Needs the ``embeddings`` extra: ``pip install "orchid-hf[embeddings]"``.
+
+``export_embedder_onnx(folder)`` writes the ONNX graphs of a saved folder's encoder into ``folder/onnx/``, where
+sentence-transformers' ONNX backend looks for them (needs the ``onnx`` extra).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .extras import require_extra
+from .modeling import OrchidModel
+from .onnx import export_onnx, quantize_int8
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -123,4 +130,77 @@ def sentence_transformer(
     return sentence_transformers.SentenceTransformer(modules=modules, device=device)
 
 
-__all__ = ["POOLING_MODES", "sentence_transformer"]
+# Where sentence-transformers' ONNX backend finds the graphs of a folder: ``backend="onnx"`` loads ``ONNX_FILE``,
+# and another file of ``onnx/`` with ``model_kwargs={"file_name": ...}``.
+ONNX_FILE = "onnx/model.onnx"
+ONNX_INT8_FILE = "onnx/model_qint8.onnx"
+
+
+def root_encoder_config(folder: Path) -> AutoConfig:
+    """The config of the Orchid text encoder saved at the root of the sentence-transformers folder ``folder``; a
+    ValueError naming what the folder lacks or holds instead."""
+    if not (folder / "modules.json").is_file():
+        raise ValueError(
+            f"{folder} is not a sentence-transformers folder: it has no modules.json (save the model with "
+            "SentenceTransformer.save, e.g. sentence_transformer(checkpoint).save(folder))"
+        )
+    modules = json.loads((folder / "modules.json").read_text())
+    if not any(module.get("path", "") == "" for module in modules):
+        raise ValueError(
+            f"{folder}: no module of its modules.json is saved at the folder's root, where SentenceTransformer.save "
+            "writes the encoder (the Transformer module)"
+        )
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: the module at its root is not a transformers model (no config.json)")
+    config = AutoConfig.from_pretrained(str(folder))
+    if config.model_type != "orchid":
+        raise ValueError(
+            f"{folder}: the module at its root is a {config.model_type!r} model, not an Orchid text model; "
+            "export_embedder_onnx exports Orchid encoders"
+        )
+    if config.image_size is not None:
+        raise ValueError(
+            f"{folder}: the module at its root is an Orchid image model (config.image_size is set), not an Orchid "
+            "text model"
+        )
+    return config
+
+
+def export_embedder_onnx(folder: str | os.PathLike, *, int8: bool = True, verify: bool = True) -> list[Path]:
+    """Write the ONNX graph of the Orchid encoder of a saved sentence-transformers folder to ``folder/onnx/model.onnx``
+    and, with ``int8``, its dynamic int8 quantisation to ``folder/onnx/model_qint8.onnx``; returns the written paths.
+
+    folder: a folder written by ``SentenceTransformer.save`` (for instance of ``sentence_transformer(...)``) whose
+        root module, the Transformer module, holds an Orchid text encoder.
+    int8: also write the int8 graph (:func:`orchid_hf.onnx.quantize_int8`: int8 weights for the projections and
+        MLPs, activations quantised at each call); with ``int8=False`` an int8 file already there is left as it is.
+    verify: check the float32 graph against PyTorch with ONNX Runtime on padded batches, and raise a ValueError where
+        they differ (``export_onnx(..., verify=True)``).
+
+    The graph is :func:`orchid_hf.onnx.export_onnx`'s graph of the ``OrchidModel``, in float32: inputs
+    ``input_ids``, ``attention_mask`` (and ``token_type_ids`` where the model has token types), output
+    ``last_hidden_state``, the names and layout of optimum's ``ORTModelForFeatureExtraction``. The modules after the
+    encoder (pooling, normalisation) are not in the graph: a caller running it with ONNX Runtime pools
+    ``last_hidden_state`` as the folder's Pooling module does (docs/embeddings.md shows the mean over the attention
+    mask). ``SentenceTransformer(folder, backend="onnx")`` reads ``onnx/model.onnx``, and the int8 file with
+    ``model_kwargs={"file_name": "onnx/model_qint8.onnx"}``; that backend needs optimum's ``optimum.onnxruntime``
+    (the ``optimum-onnx`` package), whose release 0.1.0 requires transformers < 4.58, so with transformers 5 it loads
+    no model. :func:`orchid_hf.hub.push_to_hub` uploads the ``onnx/`` files with the folder.
+
+    Refused with a ValueError naming the problem: a folder without ``modules.json``, or one whose root module is not
+    an Orchid text model. Needs the ``onnx`` extra: ``pip install "orchid-hf[onnx]"``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} does not exist or is not a folder")
+    config = root_encoder_config(folder)
+    # What sentence-transformers' Transformer module loads from the root (AutoModel), in float32, the dtype the graph
+    # is exported in: weights saved in half precision become float32 exactly.
+    model = OrchidModel.from_pretrained(str(folder), config=config, dtype=torch.float32).eval()
+    path = export_onnx(model, folder / ONNX_FILE, verify=verify)
+    if not int8:
+        return [path]
+    return [path, quantize_int8(path, folder / ONNX_INT8_FILE)]
+
+
+__all__ = ["ONNX_FILE", "ONNX_INT8_FILE", "POOLING_MODES", "export_embedder_onnx", "sentence_transformer"]

@@ -2,7 +2,8 @@
 
 A pushed folder must load anywhere: safetensors weights, ``config.json`` (with its ``auto_map``), the
 remote-code files that ``save_pretrained`` copies next to them, the tokenizer or image processor, and the
-model card; a sentence-transformers folder also its ``modules.json`` and the folders of its modules.
+model card; a sentence-transformers folder also its ``modules.json``, the folders of its modules and the ONNX graphs
+of its encoder (``onnx/``, as ``orchid_hf.embeddings.export_embedder_onnx`` writes them).
 :func:`push_to_hub` refuses a folder that lacks any of them, and uploads only those files (never Trainer
 checkpoints or optimizer states).
 """
@@ -61,6 +62,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
 OPTIONAL_FILES = ("generation_config.json", "results.json", "glue_results.json", "glue_results.md")
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json")
+# The ONNX graphs of a sentence-transformers folder's root module, where its ONNX backend reads them, and their
+# external weights (``.onnx.data`` as torch.onnx saves them, ``.onnx_data`` as optimum does) for graphs over 2 GB.
+ONNX_FOLDER = "onnx"
+ONNX_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
 
 
 def upload_file_list(folder: str | Path) -> list[str]:
@@ -68,8 +73,9 @@ def upload_file_list(folder: str | Path) -> list[str]:
     what is missing.
 
     A sentence-transformers folder (one with ``modules.json``, as ``SentenceTransformer.save`` writes it) is uploaded
-    whole: its configuration files, the Orchid model at its root, and the folder of every other module (pooling,
-    dense layers, normalisation), so that ``SentenceTransformer(repo_id)`` builds the model that was saved.
+    whole: its configuration files, the Orchid model at its root with its ONNX graphs (``onnx/``), and the folder of
+    every other module (pooling, dense layers, normalisation), so that ``SentenceTransformer(repo_id)`` builds the
+    model that was saved.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -118,8 +124,9 @@ def model_files(folder: Path) -> tuple[list[str], list[str]]:
 
 def sentence_transformers_files(folder: Path) -> tuple[list[str], list[str]]:
     """The files of a sentence-transformers folder and what it lacks: ``modules.json`` and
-    ``config_sentence_transformers.json``, the model files and module configuration (``sentence_*config.json``) of
-    the module saved at the root, and every file in the folder of each other module."""
+    ``config_sentence_transformers.json``, the model files, module configuration (``sentence_*config.json``) and ONNX
+    files (``onnx/*.onnx`` and their external data) of the module saved at the root, and every file in the folder of
+    each other module."""
     modules = json.loads((folder / "modules.json").read_text())
     files = [name for name in SENTENCE_TRANSFORMERS_FILES if (folder / name).is_file()]
     missing = []
@@ -131,6 +138,11 @@ def sentence_transformers_files(folder: Path) -> tuple[list[str], list[str]]:
         elif where == folder:
             model, lacks = model_files(folder)
             files += model + [p.name for p in folder.glob("sentence_*config.json")]
+            files += [
+                p.relative_to(folder).as_posix()
+                for p in sorted((folder / ONNX_FOLDER).glob("*"))
+                if p.is_file() and p.name.endswith(ONNX_SUFFIXES)
+            ]
             missing += lacks
         else:
             files += [p.relative_to(folder).as_posix() for p in sorted(where.rglob("*")) if p.is_file()]

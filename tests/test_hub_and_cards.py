@@ -246,3 +246,29 @@ def test_a_sentence_transformers_folder_is_pushed_whole_and_loads_as_it_was_save
     shutil.rmtree(folder / "1_Pooling")
     with pytest.raises(ValueError, match=r"cannot be pushed, it lacks: 1_Pooling/ \(module 1 of modules.json"):
         push_to_hub(folder, "me/x", api=object())
+
+
+def test_the_onnx_graphs_of_a_sentence_transformers_folder_are_pushed_with_it(tmp_path):
+    from orchid_hf import OrchidModel
+    from orchid_hf.embeddings import sentence_transformer
+
+    tokenizer = train_wordpiece_tokenizer(make_corpus(100), vocab_size=200)
+    config = OrchidConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                          max_position_embeddings=32, filter_width=16)  # fmt: skip
+    folder = tmp_path / "embedder"
+    sentence_transformer(OrchidModel(config).eval(), tokenizer, normalize=True).save(str(folder))
+    write_model_card(folder, task="sentence-similarity", repo_id="me/orchid-embedder")
+    # The files as export_embedder_onnx names them, and the external weights of a graph over 2 GB (torch.onnx's and
+    # optimum's names): only their names matter to the upload.
+    onnx_files = ["onnx/model.onnx", "onnx/model.onnx.data", "onnx/model_qint8.onnx", "onnx/model_qint8.onnx_data"]
+    for name in onnx_files:
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes(b"x")
+
+    hub = FakeHub(tmp_path / "hub")
+    push_to_hub(folder, "me/orchid-embedder", api=hub)
+    (_, _, pushed, _) = hub.calls[1]
+    assert set(onnx_files) <= set(pushed) and {"modules.json", "2_Normalize/config.json"} <= set(pushed)
+    uploaded = tmp_path / "hub" / "me" / "orchid-embedder"
+    assert sorted(path.relative_to(uploaded).as_posix() for path in (uploaded / "onnx").iterdir()) == onnx_files
+    assert upload_file_list(uploaded) == pushed  # what pull_from_hub checks

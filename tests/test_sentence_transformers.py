@@ -1,25 +1,32 @@
 """Orchid in sentence-transformers, as a user runs it: load a saved folder, encode (batched, padded on either side),
-train with SentenceTransformerTrainer and MultipleNegativesRankingLoss, save, load (also as remote code), card."""
+train with SentenceTransformerTrainer and MultipleNegativesRankingLoss, save, load (also as remote code), card; the
+folder's ONNX graphs (float32 and int8) run in ONNX Runtime and pooled as the folder pools."""
 
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import save_file
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from sentence_transformers.base.modules import Transformer
 from sentence_transformers.base.sampler import BatchSamplers
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-from transformers import BertConfig, BertModel
+from sentence_transformers.sentence_transformer.modules import Pooling
+from transformers import AutoTokenizer, BertConfig, BertModel
 
 from orchid_hf import OrchidForMaskedLM, OrchidModel
 from orchid_hf.cards import write_model_card
-from orchid_hf.embeddings import sentence_transformer
+from orchid_hf.embeddings import export_embedder_onnx, sentence_transformer
 from orchid_hf.tokenization import train_wordpiece_tokenizer
 
 from .test_models import tiny_image_config, tiny_text_config
+from .test_onnx import needs_onnxruntime
 
 PAIRS = [
     ("the cat sat on the mat", "a cat on a mat"),
@@ -271,3 +278,94 @@ def test_model_card_of_a_sentence_transformers_folder(saved_encoder, tmp_path):
     # A transformers folder's card has no embedding section.
     write_model_card(folder, task="feature-extraction")
     assert "## Embeddings" not in (folder / "README.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX: orchid_hf.embeddings.export_embedder_onnx
+# ---------------------------------------------------------------------------------------------
+
+
+def onnx_embeddings(folder, path, texts, padding_side="right"):
+    """The embeddings as a user computes them without sentence-transformers (docs/embeddings.md): the folder's
+    tokenizer, the graph ``path`` in ONNX Runtime, the mean of ``last_hidden_state`` over the attention mask (the
+    folder's Pooling module), and unit length where modules.json has a Normalize module."""
+    import onnxruntime
+
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode"] == "mean", "this pooling by hand is the mean's"
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side=padding_side)
+    inputs = tokenizer(texts, padding=True, truncation=True, return_tensors="np")
+    assert not inputs["attention_mask"].all(), "the batch must be padded"
+    (hidden,) = session.run(["last_hidden_state"], {value.name: inputs[value.name] for value in session.get_inputs()})
+    mask = inputs["attention_mask"][..., None].astype(np.float32)
+    embeddings = (hidden * mask).sum(axis=1) / mask.sum(axis=1)
+    modules = json.loads((folder / "modules.json").read_text())
+    if any(module["type"].endswith(".Normalize") for module in modules):
+        embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    return torch.from_numpy(embeddings)
+
+
+@needs_onnxruntime
+def test_an_embedding_folder_gets_onnx_graphs_that_give_its_embeddings_in_onnx_runtime(saved_encoder, tmp_path):
+    _, encoder = saved_encoder
+    folder = tmp_path / "embedder"
+    sentence_transformer(encoder, normalize=True).save(str(folder))
+    paths = export_embedder_onnx(folder)
+    assert paths == [folder / "onnx" / "model.onnx", folder / "onnx" / "model_qint8.onnx"]
+    expected = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES, convert_to_tensor=True)
+
+    exact = onnx_embeddings(folder, paths[0], SENTENCES)
+    torch.testing.assert_close(exact, expected, atol=1e-5, rtol=1e-5)
+
+    # Dynamic int8 rounds each projection's weights and inputs to a step of their range, a small relative error per
+    # token that the mean over the tokens averages further; the bound leaves room for other CPUs' int8 kernels and
+    # lies well above the cosine between the embeddings of different sentences, so pooling the wrong tokens or a
+    # wrong scale fails it.
+    approximate = onnx_embeddings(folder, paths[1], SENTENCES)
+    cosine = torch.nn.functional.cosine_similarity(approximate, expected, dim=-1)
+    assert cosine.min() > 0.999 and not torch.equal(approximate, exact)  # close, and quantised
+    nearest = (approximate @ expected.T).argmax(dim=1)
+    assert torch.equal(nearest, torch.arange(len(SENTENCES)))  # every sentence is nearest to its own embedding
+
+
+@needs_onnxruntime
+def test_onnx_graph_without_normalize_or_int8_padded_on_the_left(saved_encoder, tmp_path):
+    _, encoder = saved_encoder
+    folder = tmp_path / "embedder"
+    sentence_transformer(encoder).save(str(folder))
+    assert export_embedder_onnx(folder, int8=False) == [folder / "onnx" / "model.onnx"]
+    assert sorted(path.name for path in (folder / "onnx").iterdir()) == ["model.onnx"]
+    expected = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES, convert_to_tensor=True)
+    embeddings = onnx_embeddings(folder, folder / "onnx" / "model.onnx", SENTENCES, padding_side="left")
+    torch.testing.assert_close(embeddings, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_export_embedder_onnx_refuses_folders_it_cannot_export_by_name(saved_encoder, tokenizer, tmp_path):
+    _, encoder = saved_encoder
+    with pytest.raises(ValueError, match="does not exist"):
+        export_embedder_onnx(tmp_path / "missing")
+    with pytest.raises(ValueError, match=r"is not a sentence-transformers folder: it has no modules.json"):
+        export_embedder_onnx(encoder)
+
+    bert = tmp_path / "bert"
+    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(bert)  # fmt: skip
+    tokenizer.save_pretrained(bert)
+    SentenceTransformer(modules=[Transformer(str(bert)), Pooling(32)], device="cpu").save(str(tmp_path / "bert-st"))
+    with pytest.raises(ValueError, match=r"the module at its root is a 'bert' model, not an Orchid text model"):
+        export_embedder_onnx(tmp_path / "bert-st")
+
+    image = tmp_path / "image"
+    sentence_transformer(encoder).save(str(image))
+    OrchidModel(tiny_image_config()).save_pretrained(image)
+    with pytest.raises(ValueError, match=r"an Orchid image model \(config.image_size is set\)"):
+        export_embedder_onnx(image)
+
+    pooling_only = tmp_path / "pooling-only"
+    shutil.copytree(image, pooling_only)
+    modules = json.loads((pooling_only / "modules.json").read_text())
+    (pooling_only / "modules.json").write_text(json.dumps([m for m in modules if m["path"]]))
+    with pytest.raises(ValueError, match="no module of its modules.json is saved at the folder's root"):
+        export_embedder_onnx(pooling_only)
+    assert not any((tmp_path / name / "onnx").exists() for name in ("bert-st", "image", "pooling-only"))
