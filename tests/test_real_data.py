@@ -1036,3 +1036,51 @@ def test_logistic_regression_floor_on_idx_files(tmp_path):
         (tmp_path / "train-only" / name).write_bytes((root / name).read_bytes())
     with pytest.raises(ValueError, match="no t10k-images/t10k-labels IDX files"):
         logistic_regression_baseline(tmp_path / "train-only", out)
+
+
+def _context_run_file(folder: Path, name: str, seed: int, accuracy: float, loss: float) -> None:
+    """A run file in the layout of docs/results/long_context_causes/: every category at ``accuracy``, 0.1 points more
+    reading 512 tokens and 0.2 more reading 2,048."""
+    evaluations = [{"length": length, "one_transform_length": False, "categories": {
+        category: {"accuracy": accuracy + step / 1000, "loss": loss} for category in ("all", "far")}}
+        for step, length in enumerate((128, 512, 2048))]  # fmt: skip
+    evaluations.append({"length": 128, "one_transform_length": True, "categories": {
+        "all": {"accuracy": 0.99, "loss": 0.0}, "far": {"accuracy": 0.99, "loss": 0.0}}})  # fmt: skip
+    run = {"run": name, "commands": [f"python scripts/pretrain_mlm.py --seed {seed} --max_steps 4", "python eval"],
+           "recipe": {"eval_loss": loss}, "evaluation": {"evaluations": evaluations}}
+    (folder / f"{name}.json").write_text(json.dumps(run))
+
+
+def test_long_context_seeds_come_from_the_run_files_and_differences_need_three_seeds(tmp_path, capsys):
+    """scripts/long_context_seeds.py: each setting's seeds from SETTING.json and SETTING-sN.json (not from another
+    setting whose name begins the same), the mean with each seed's value, each block read at its own transform length,
+    and a difference with its interval only from three seeds a side."""
+    for seed, accuracy in enumerate((0.20, 0.22, 0.21)):
+        _context_run_file(tmp_path, "long" + (f"-s{seed}" if seed else ""), seed, accuracy, 5.0 + seed / 10)
+    for seed, accuracy in enumerate((0.10, 0.11, 0.12)):
+        _context_run_file(tmp_path, "short" + (f"-s{seed}" if seed else ""), seed, accuracy, 6.0)
+    _context_run_file(tmp_path, "short-std03", 0, 0.5, 4.0)  # another setting
+    script = load_script("long_context_seeds")
+    tables = script.main(["--runs", str(tmp_path), "--setting", "long=Long", "--setting", "short=Short",
+                          "--compare", "long", "short"])  # fmt: skip
+    assert tables == capsys.readouterr().out
+    rows = [line for line in tables.splitlines() if line.startswith("| ")]
+    assert rows[1] == ("| Long | 0, 1, 2 | 21.0 (20.0 / 22.0 / 21.0) | 21.1 (20.1 / 22.1 / 21.1) | "
+                       "21.2 (20.2 / 22.2 / 21.2) | 21.0 (20.0 / 22.0 / 21.0) | 21.1 (20.1 / 22.1 / 21.1) | "
+                       "21.2 (20.2 / 22.2 / 21.2) | 5.10 (5.00 / 5.10 / 5.20) |")
+    assert rows[2].startswith("| Short | 0, 1, 2 | 11.0 (10.0 / 11.0 / 12.0) |")
+    # Long − Short: +10.0 points with 3 seeds a side, an interval above zero (Welch's t, 95%).
+    assert rows[4].startswith("| Long − Short | +10.0 (") and rows[4].count("beats") == 6
+
+    (tmp_path / "long-s2.json").unlink()
+    two = script.main(["--runs", str(tmp_path), "--setting", "long", "--setting", "short", "--compare", "long",
+                       "short", "--output", str(tmp_path / "t.md")])  # fmt: skip
+    assert (tmp_path / "t.md").read_text() == two and "+10.0, not sized" in two  # two seeds: no difference stated
+
+    _context_run_file(tmp_path, "short-s5", 4, 0.1, 6.0)  # its name says seed 5, its command seed 4
+    with pytest.raises(ValueError, match=r"short-s5.json: its recipe ran with --seed 4"):
+        script.main(["--runs", str(tmp_path), "--setting", "short"])
+    with pytest.raises(ValueError, match="no run files of 'none'"):
+        script.main(["--runs", str(tmp_path), "--setting", "none"])
+    with pytest.raises(SystemExit):
+        script.main(["--runs", str(tmp_path), "--setting", "long", "--compare", "long", "short"])

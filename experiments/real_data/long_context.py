@@ -245,3 +245,86 @@ __all__ = [
     "summarise",
     "token_stream",
 ]
+
+
+# The seeds of a long-context setting: run files (as in docs/results/long_context_causes/) named SETTING for seed 0
+# and SETTING-sN for seed N, each with its commands, its recipe's results and its evaluation.
+SEED_SUFFIX = "-s"
+SEED_COLUMNS = (("all", 128), ("all", 512), ("all", 2048), ("far", 128), ("far", 512), ("far", 2048))
+
+
+def run_seed(run: dict) -> int:
+    """The pretraining seed of a run file: the ``--seed`` of its first command (the recipe's), 0 where it has none."""
+    words = run["commands"][0].split()
+    return int(words[words.index("--seed") + 1]) if "--seed" in words else 0
+
+
+def run_scores(run: dict) -> dict[str, float]:
+    """A run's held-out accuracies by category and length (``"all 128"``, ``"far 2048"``, ...), each block read at its
+    own transform length, and its recipe's held-out loss (``"loss"``)."""
+    scores = {"loss": run["recipe"]["eval_loss"]}
+    for entry in run["evaluation"]["evaluations"]:
+        if entry["one_transform_length"] or "categories" not in entry:
+            continue
+        for category, length in SEED_COLUMNS:
+            if entry["length"] == length:
+                scores[f"{category} {length}"] = entry["categories"][category]["accuracy"]
+    return scores
+
+
+def seed_groups(runs_dir: str | Path, settings: Sequence[str]) -> dict[str, dict[int, dict[str, float]]]:
+    """Each setting's scores by seed, from the run files SETTING.json and SETTING-sN.json in ``runs_dir``; a
+    ValueError names a setting without run files, or a file whose seed is not the one its name says."""
+    import json
+    import re
+
+    groups = {}
+    for setting in settings:
+        seeds = {}
+        for path in sorted(Path(runs_dir).glob(f"{setting}*.json")):
+            suffix = path.stem[len(setting):]
+            if suffix and not re.fullmatch(rf"{SEED_SUFFIX}\d+", suffix):
+                continue  # another setting whose name begins with this one
+            run = json.loads(path.read_text())
+            seed = run_seed(run)
+            if seed != (int(suffix[len(SEED_SUFFIX):]) if suffix else 0):
+                raise ValueError(f"{path.name}: its recipe ran with --seed {seed}, not the seed its name says")
+            seeds[seed] = run_scores(run)
+        if not seeds:
+            raise ValueError(f"no run files of {setting!r} in {runs_dir} ({setting}.json, {setting}-sN.json)")
+        groups[setting] = dict(sorted(seeds.items()))
+    return groups
+
+
+def seed_cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """The mean of per-seed values and, with several seeds, each one: ``20.9 (22.0 / 20.5 / 20.1)``."""
+    mean = f"{scale * sum(values) / len(values):.{digits}f}"
+    if len(values) == 1:
+        return mean
+    return f"{mean} ({' / '.join(f'{scale * value:.{digits}f}' for value in values)})"
+
+
+def seed_tables(groups: dict[str, dict[int, dict[str, float]]], names: dict[str, str],
+                comparisons: Sequence[tuple[str, str]]) -> str:
+    """The page's tables: each setting's seeds, mean and per-seed held-out accuracies and loss; then, for each pair
+    of ``comparisons`` (first, second), the difference of the means with its 95% interval
+    (:func:`experiments.real_data.report.difference_cell`), stated only from three seeds a side."""
+    from benchmarks.harness import table_lines
+    from experiments.real_data.report import difference_cell, interval_note
+
+    columns = [f"{category} {length}" for category, length in SEED_COLUMNS]
+    header = ["run", "seeds", *[f"{column} %" for column in columns], "held-out loss (recipe)"]
+    rows = []
+    for setting, seeds in groups.items():
+        values = {key: [scores[key] for scores in seeds.values()] for key in (*columns, "loss")}
+        rows.append([names.get(setting, setting), ", ".join(map(str, seeds)),
+                     *[seed_cell(values[key]) for key in columns], seed_cell(values["loss"], scale=1, digits=2)])
+    lines = table_lines(header, rows)
+    if comparisons:
+        lines += ["", *table_lines(["first − second", *columns], [
+            [f"{names.get(first, first)} − {names.get(second, second)}",
+             *[difference_cell([s[key] for s in groups[first].values()], [s[key] for s in groups[second].values()])
+               for key in columns]]
+            for first, second in comparisons])]  # fmt: skip
+        lines += ["", interval_note("the second model")]
+    return "\n".join(lines) + "\n"
