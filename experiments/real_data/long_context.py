@@ -13,6 +13,8 @@ training text holds it fewer than ``rare_below`` times, which the held-out novel
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -21,7 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import provenance, write_json
+from benchmarks.harness import provenance, table_lines, write_json
+from experiments.real_data.report import difference_cell, interval_note
 
 # The recipe's masking rate (orchid-bert-base-mlm), which every pretraining run of the comparison trained with.
 MLM_PROBABILITY = 0.3
@@ -275,9 +278,6 @@ def run_scores(run: dict) -> dict[str, float]:
 def seed_groups(runs_dir: str | Path, settings: Sequence[str]) -> dict[str, dict[int, dict[str, float]]]:
     """Each setting's scores by seed, from the run files SETTING.json and SETTING-sN.json in ``runs_dir``; a
     ValueError names a setting without run files, or a file whose seed is not the one its name says."""
-    import json
-    import re
-
     groups = {}
     for setting in settings:
         seeds = {}
@@ -309,9 +309,6 @@ def seed_tables(groups: dict[str, dict[int, dict[str, float]]], names: dict[str,
     """The page's tables: each setting's seeds, mean and per-seed held-out accuracies and loss; then, for each pair
     of ``comparisons`` (first, second), the difference of the means with its 95% interval
     (:func:`experiments.real_data.report.difference_cell`), stated only from three seeds a side."""
-    from benchmarks.harness import table_lines
-    from experiments.real_data.report import difference_cell, interval_note
-
     columns = [f"{category} {length}" for category, length in SEED_COLUMNS]
     header = ["run", "seeds", *[f"{column} %" for column in columns], "held-out loss (recipe)"]
     rows = []
