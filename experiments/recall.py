@@ -11,9 +11,19 @@ Models are the library's and transformers' own classes, of width 64 and depth 2 
 - ``orchid``: :class:`OrchidForMaskedLM` with the ``orchid-recall`` preset (the App. C.1 model);
 - ``static``: the same class with ``data_dependent=False``, the static implicit kernel only (Hyena / CKConv);
 - ``transformer``: transformers' ``BertForMaskedLM`` of the same width and depth (4 heads, learned positions,
-  no dropout).
+  no dropout);
+- ``gpt2``: transformers' ``GPT2LMHeadModel`` of the same width and depth: a causal, pre-norm Transformer, the
+  baseline of Hyena's set-up.
 
-The loss is cross-entropy on the query position only: the masked-LM head's logits there.
+Two objectives (``RecallConfig.objective``):
+
+- ``query``: cross-entropy on the query position only, the head's logits there;
+- ``next_token``: the objective of Hyena's synthetics and of the paper: cross-entropy of the next token at every
+  position, the query's value at the last. Keys are drawn independently of everything before them, so a causal
+  model predicts a key at chance (``2 / vocab_size``); the runs record how often a model predicts the keys
+  (``next_key_accuracy``), which measures how much of the following tokens it reads.
+
+Both are tested on the last position only.
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ from torch import nn
 
 from benchmarks.harness import block_names, provenance, replace_block
 
-MODELS = ("orchid", "static", "transformer")
+MODELS = ("orchid", "static", "transformer", "gpt2")
+OBJECTIVES = ("query", "next_token")
 TRANSFORMER_POSITIONS = ("learned", "sinusoidal", "rotary")
 # Seeds of the held-out splits (plus a term for the task's size). Learning rates and warm-ups are chosen on the
 # validation split; the test split is reported.
@@ -91,6 +102,13 @@ def generate_batch(
     return torch.cat([start, body, query], dim=1), target
 
 
+def next_token_labels(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The labels of the ``next_token`` objective, (batch, seq_len): each position's next token, the query's value at
+    the last position, and -100 (ignored) where the next token is the start token."""
+    labels = torch.cat([inputs[:, 1:], targets[:, None]], dim=1)
+    return labels.masked_fill(labels == vocab_size, -100)
+
+
 def check_answers(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> bool:
     """True when every target is the value that follows the query key in its sequence (a slow, direct check)."""
     half = vocab_size // 2
@@ -112,11 +130,12 @@ class RecallConfig:
     """One run: the task, the model, and the training recipe (AdamW, linear warmup then cosine decay to zero)."""
 
     model: str = "orchid"
+    objective: str = "query"
     vocab_size: int = 20
     seq_len: int = 128
     hidden_size: int = 64
     num_layers: int = 2
-    num_heads: int = 4  # transformer only
+    num_heads: int = 4  # transformer and gpt2 only
     transform: str = "dct"
     conditioning: str = "abs"
     activation: str = "identity"
@@ -152,6 +171,7 @@ class RecallConfig:
         check_task(self.vocab_size, self.seq_len)
         choices = {
             "model": (self.model, MODELS),
+            "objective": (self.objective, OBJECTIVES),
             "transform": (self.transform, TRANSFORMS),
             "conditioning": (self.conditioning, CONDITIONINGS),
             "activation": (self.activation, CONDITIONING_ACTIVATIONS),
@@ -174,7 +194,7 @@ class RecallConfig:
                 f"warmup_steps, weight_decay and grad_clip must be >= 0, got {self.warmup_steps}, "
                 f"{self.weight_decay} and {self.grad_clip}"
             )
-        if self.model == "transformer" and self.hidden_size % self.num_heads:
+        if self.model in ("transformer", "gpt2") and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
         if self.model != "transformer" and (self.transformer_shift or self.transformer_positions != "learned"):
             raise ValueError(
@@ -209,6 +229,26 @@ class RecallConfig:
             filter_spectrum=self.filter_spectrum,
         )
         return OrchidConfig.from_preset("orchid-recall", **{**settings, **self.config_overrides})
+
+    def gpt2_config(self):
+        """transformers' GPT2Config of the causal Transformer, of the same width and depth; the start token stands
+        for GPT-2's beginning and end of text."""
+        from transformers import GPT2Config
+
+        settings = dict(
+            vocab_size=self.vocab_size + 1,
+            n_positions=self.seq_len,
+            n_embd=self.hidden_size,
+            n_layer=self.num_layers,
+            n_head=self.num_heads,
+            n_inner=4 * self.hidden_size,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=self.vocab_size,
+            eos_token_id=self.vocab_size,
+        )
+        return GPT2Config(**{**settings, **self.config_overrides})
 
     def bert_config(self):
         """transformers' config of the Transformer: BertConfig (learned or sinusoidal positions) or RoFormerConfig
@@ -284,8 +324,17 @@ class ShiftedEmbedding(nn.Module):
 
 
 def build_model(config: RecallConfig) -> nn.Module:
-    """The run's model, freshly initialised: OrchidForMaskedLM (orchid, static) or BertForMaskedLM (transformer)."""
+    """The run's model, freshly initialised: OrchidForMaskedLM (orchid, static), BertForMaskedLM (transformer) or
+    GPT2LMHeadModel (gpt2)."""
     config.validate()
+    if config.model == "gpt2":
+        from transformers import GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(config.gpt2_config())
+        with torch.no_grad():  # words and positions at the same scale as the other models' (embedding_init_std)
+            model.transformer.wte.weight.normal_(0.0, config.embedding_init_std)
+            model.transformer.wpe.weight.normal_(0.0, config.embedding_init_std)
+        return model
     if config.model == "transformer":
         from transformers import BertForMaskedLM, RoFormerForMaskedLM
 
@@ -312,8 +361,35 @@ def build_model(config: RecallConfig) -> nn.Module:
 
 
 def query_logits(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """The masked-LM head's logits at the last (query) position, (batch, vocabulary)."""
+    """The head's logits at the last (query) position, (batch, vocabulary)."""
     return model(input_ids=inputs).logits[:, -1]
+
+
+def objective_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, config: RecallConfig) -> torch.Tensor:
+    """The training loss of ``config.objective``: cross-entropy at the query position (``query``), or averaged over
+    every position's next token (``next_token``)."""
+    if config.objective == "query":
+        return F.cross_entropy(query_logits(model, inputs), targets)
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.flatten(0, 1), next_token_labels(inputs, targets, config.vocab_size).flatten())
+
+
+@torch.no_grad()
+def earlier_positions_changed(model: nn.Module, inputs: torch.Tensor, vocab_size: int) -> float:
+    """The fraction of positions before the middle of the sequence whose logits change when the middle token does
+    (each key swapped for another key, a value for another value): 0 for a causal model, whatever it learned."""
+    model.eval()
+    middle = inputs.shape[1] // 2
+    half = vocab_size // 2
+    changed = inputs.clone()
+    token = changed[:, middle]
+    changed[:, middle] = torch.where(token < half, (token + 1) % half, half + (token - half + 1) % half)
+    before = model(input_ids=inputs).logits[:, :middle]
+    after = model(input_ids=changed).logits[:, :middle]
+    model.train()
+    # Above float32 rounding of the logits' scale; a causal model's earlier logits stay bit for bit the same.
+    moved = (after - before).abs().amax(dim=-1) > 1e-6 * before.abs().amax()
+    return moved.float().mean().item()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,16 +406,25 @@ def learning_rate(step: int, config: RecallConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 500) -> dict:
+def evaluate(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, batch_size: int = 500
+) -> dict:
+    """Loss and accuracy at the last (query) position, and ``next_key_accuracy``: how often the prediction at a
+    position whose next token is a key is that key (chance, ``2 / vocab_size``, for a model that cannot read it)."""
     model.eval()
-    loss, correct = 0.0, 0
+    loss, correct, key_hits, keys = 0.0, 0, 0, 0
     for start in range(0, len(inputs), batch_size):
-        logits = query_logits(model, inputs[start : start + batch_size])
+        rows = inputs[start : start + batch_size]
         target = targets[start : start + batch_size]
-        loss += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += (logits.argmax(-1) == target).sum().item()
+        logits = model(input_ids=rows).logits
+        loss += F.cross_entropy(logits[:, -1], target, reduction="sum").item()
+        correct += (logits[:, -1].argmax(-1) == target).sum().item()
+        next_tokens = rows[:, 1:]
+        is_key = next_tokens < vocab_size // 2
+        key_hits += ((logits[:, :-1].argmax(-1) == next_tokens) & is_key).sum().item()
+        keys += is_key.sum().item()
     model.train()
-    return {"loss": loss / len(inputs), "accuracy": correct / len(inputs)}
+    return {"loss": loss / len(inputs), "accuracy": correct / len(inputs), "next_key_accuracy": key_hits / keys}
 
 
 def held_out_set(config: RecallConfig, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,7 +514,7 @@ def train(
         inputs, targets = (
             tensor.to(device) for tensor in generate_batch(config.batch_size, config.vocab_size, config.seq_len, data)
         )
-        loss = F.cross_entropy(query_logits(model, inputs), targets)
+        loss = objective_loss(model, inputs, targets, config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip:
@@ -440,7 +525,8 @@ def train(
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps or stopping:
             point = {"step": step + 1, "train_loss": torch.stack(running).mean().item()}
             for split, name in (("validation", "val"), ("test", "test")):
-                point.update({f"{name}_{k}": v for k, v in evaluate(model, *held_out[split]).items()})
+                metrics = evaluate(model, *held_out[split], config.vocab_size)
+                point.update({f"{name}_{k}": v for k, v in metrics.items()})
             point["seconds"] = round(time.time() - began, 1)
             running = []
             curve.append(point)
@@ -448,7 +534,7 @@ def train(
             if log:
                 log.write(json.dumps(point) + "\n")
                 log.flush()
-            summary = run_summary(config, model, curve, extra)
+            summary = run_summary(config, model, curve, held_out["validation"][0][:100], extra)
             if result_path:
                 Path(result_path).write_text(json.dumps(summary, indent=1))
             if checkpoint and step + 1 < config.steps and not stopping:
@@ -473,12 +559,16 @@ def train(
     return summary
 
 
-def run_summary(config: RecallConfig, model: nn.Module, curve: list[dict], extra: dict | None = None) -> dict:
-    """A run's result: its config, size, the last evaluation and the whole curve."""
+def run_summary(
+    config: RecallConfig, model: nn.Module, curve: list[dict], probe: torch.Tensor, extra: dict | None = None
+) -> dict:
+    """A run's result: its config, size, whether it is causal (:func:`earlier_positions_changed` on the ``probe``
+    sequences), the last evaluation and the whole curve."""
     last = curve[-1]
     return {
         "config": asdict(config),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "earlier_positions_changed": earlier_positions_changed(model, probe, config.vocab_size),
         "finished": last["step"] == config.steps,
         "steps_done": last["step"],
         "val_accuracy": last["val_accuracy"],
@@ -503,11 +593,14 @@ PAPER = {
     ("static", 20, 512): 99.0, ("static", 20, 2048): 99.6, ("static", 20, 8192): 100.0,
     ("transformer", 20, 512): 100.0, ("transformer", 20, 2048): 100.0, ("transformer", 20, 8192): 100.0,
 }  # fmt: skip
-PAPER_NAMES = {"orchid": "Orchid", "static": "Hyena", "transformer": "Transformer"}
+PAPER.update({("gpt2", *task): value for (model, *task), value in PAPER.items() if model == "transformer"})
+PAPER_NAMES = {"orchid": "Orchid", "static": "Hyena", "transformer": "Transformer", "gpt2": "Transformer"}
 
 
 def describe(config: dict) -> str:
     """A short label of a run's model and its non-default ablation settings."""
+    if config["model"] == "gpt2":
+        return "transformer (GPT2LMHeadModel, causal, pre-norm)" + other_settings(config)
     if config["model"] == "transformer":
         positions = config.get("transformer_positions", "learned")
         name = {"learned": "BertForMaskedLM", "sinusoidal": "BertForMaskedLM, sinusoidal positions",
@@ -534,6 +627,8 @@ def other_settings(config: dict) -> str:
              "weight_decay": "weight decay", "grad_clip": "clipping"}  # fmt: skip
     parts = [f"{label} {config[name]:g}" for name, label in names.items() if config[name] != defaults[name]]
     parts += [f"{name} {value}" for name, value in config["config_overrides"].items()]
+    if config.get("objective", "query") != defaults["objective"]:
+        parts.append(f"{config['objective'].replace('_', '-')} loss")
     return "".join(f" / {part}" for part in parts)
 
 

@@ -8,7 +8,9 @@
         --runs docs/results/recall_runs   # the page's generated tables and figures
 
 Models: ``orchid`` (OrchidForMaskedLM, preset ``orchid-recall``), ``static`` (the same with
-``data_dependent=False``) and ``transformer`` (transformers' BertForMaskedLM of the same width and depth).
+``data_dependent=False``), ``transformer`` (transformers' BertForMaskedLM of the same width and depth) and ``gpt2``
+(GPT2LMHeadModel, causal and pre-norm). ``--objective next_token`` trains on the next token at every position, as
+the paper does; the default trains on the query position only.
 The learning curve goes to ``<out>.log`` (one JSON line per evaluation) while the run trains, and a checkpoint to
 ``<out>.ckpt``: the same command started again after a stop resumes from it (it is removed when the run ends).
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and 
 from experiments.recall import (  # noqa: E402
     CONDITIONING_LAYOUTS,
     MODELS,
+    OBJECTIVES,
     TRANSFORMER_POSITIONS,
     RecallConfig,
     plot_curves,
@@ -39,11 +42,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     defaults = RecallConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=defaults.model, choices=MODELS)
+    parser.add_argument("--objective", default=defaults.objective, choices=OBJECTIVES,
+                        help="query: the loss at the query position only; next_token: the next token's loss at every "
+                        "position, as Hyena's synthetics and the paper train")
     parser.add_argument("--vocab_size", type=int, default=defaults.vocab_size)
     parser.add_argument("--seq_len", type=int, default=defaults.seq_len)
     parser.add_argument("--hidden_size", type=int, default=defaults.hidden_size)
     parser.add_argument("--num_layers", type=int, default=defaults.num_layers)
-    parser.add_argument("--num_heads", type=int, default=defaults.num_heads, help="transformer only")
+    parser.add_argument("--num_heads", type=int, default=defaults.num_heads, help="transformer and gpt2 only")
     parser.add_argument("--transform", default=defaults.transform, choices=TRANSFORMS)
     parser.add_argument("--conditioning", default=defaults.conditioning, choices=CONDITIONINGS,
                         help="abs (Type I, Eq. 2) or xcorr (Type II, Eq. 4)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import BertForMaskedLM
+from transformers import BertForMaskedLM, GPT2LMHeadModel
 
 from experiments.recall import (
     BLOCKS,
@@ -20,9 +20,13 @@ from experiments.recall import (
     ShiftedEmbedding,
     build_model,
     check_answers,
+    earlier_positions_changed,
+    evaluate,
     generate_batch,
     held_out_set,
     most_frequent_value,
+    next_token_labels,
+    objective_loss,
     plateau_accuracy,
     query_logits,
     render_page,
@@ -51,6 +55,60 @@ def test_every_answer_is_the_query_keys_value(vocab_size, seq_len):
     inputs, targets = generate_batch(500, vocab_size, seq_len, torch.Generator().manual_seed(1))
     assert inputs.shape == (500, seq_len) and targets.shape == (500,)
     assert check_answers(inputs, targets, vocab_size)
+
+
+def test_next_token_labels_are_the_following_tokens_then_the_answer():
+    inputs, targets = generate_batch(50, 20, 16, torch.Generator().manual_seed(3))  # one start token, 7 pairs
+    labels = next_token_labels(inputs, targets, 20)
+    assert labels.shape == inputs.shape
+    assert torch.equal(labels[:, :-1], inputs[:, 1:]) and torch.equal(labels[:, -1], targets)
+    no_start = next_token_labels(*generate_batch(5, 20, 15, torch.Generator().manual_seed(3)), 20)
+    assert (no_start != -100).all()  # 15 tokens: 7 pairs and the query, no start token
+    inputs[:, :2] = 20  # a second start token: the label before it is ignored
+    assert (next_token_labels(inputs, targets, 20)[:, 0] == -100).all()
+
+
+def test_the_next_token_loss_averages_every_position():
+    config = RecallConfig(vocab_size=8, seq_len=16, hidden_size=16, objective="next_token")
+    torch.manual_seed(0)
+    model = build_model(config)
+    inputs, targets = generate_batch(4, 8, 16, torch.Generator().manual_seed(4))
+    logits = model(input_ids=inputs).logits
+    labels = torch.cat([inputs[:, 1:], targets[:, None]], dim=1)
+    expected = torch.stack([F.cross_entropy(logits[b, t], labels[b, t]) for b in range(4) for t in range(16)]).mean()
+    torch.testing.assert_close(objective_loss(model, inputs, targets, config), expected)
+    query = RecallConfig(vocab_size=8, seq_len=16, hidden_size=16)
+    torch.testing.assert_close(objective_loss(model, inputs, targets, query), F.cross_entropy(logits[:, -1], targets))
+
+
+@pytest.mark.parametrize("model,changed", [("gpt2", 0.0), ("orchid", 1.0), ("static", 1.0), ("transformer", 1.0)])
+def test_only_the_gpt2_model_is_causal(model, changed):
+    # The conditioning network reads the spectrum of the whole sequence and the DCT's kernel is even, so every Orchid
+    # output depends on later tokens; BertForMaskedLM attends both ways. GPT-2's outputs before a token never move.
+    config = RecallConfig(model=model, vocab_size=8, seq_len=16, hidden_size=16)
+    torch.manual_seed(0)
+    inputs, _ = generate_batch(20, 8, 16, torch.Generator().manual_seed(5))
+    assert earlier_positions_changed(build_model(config), inputs, 8) == changed
+
+
+class NextTokenOracle(torch.nn.Module):
+    """Reads the next token off its input and predicts it (the query's value is beyond its reach: it predicts
+    the token after the vocabulary's first value)."""
+
+    def forward(self, input_ids):
+        following = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], 4)], dim=1)
+        return type("Output", (), {"logits": F.one_hot(following, 9).float()})
+
+
+def test_next_key_accuracy_measures_reading_the_following_tokens():
+    inputs, targets = generate_batch(40, 8, 16, torch.Generator().manual_seed(6))
+    oracle = evaluate(NextTokenOracle(), inputs, targets, 8)
+    assert oracle["next_key_accuracy"] == 1.0
+    assert oracle["accuracy"] == (targets == 4).sum().item() / len(targets)
+    torch.manual_seed(0)
+    causal = evaluate(build_model(RecallConfig(model="gpt2", vocab_size=8, seq_len=16, hidden_size=16)), inputs,
+                      targets, 8)  # fmt: skip
+    assert causal["next_key_accuracy"] < 0.6
 
 
 def test_keys_and_values_come_from_disjoint_halves():
@@ -368,6 +426,9 @@ def test_training_ends_where_stop_says_with_a_last_evaluation():
 FLAGS = [
     (["--model", "static"], lambda c, m: c["model"] == "static" and m.config.data_dependent is False),
     (["--model", "transformer"], lambda c, m: isinstance(m, BertForMaskedLM)),
+    (["--model", "gpt2"], lambda c, m: isinstance(m, GPT2LMHeadModel) and m.config.n_embd == 16),
+    (["--model", "gpt2", "--num_heads", "2"], lambda c, m: m.config.n_head == 2),
+    (["--objective", "next_token"], lambda c, m: c["objective"] == "next_token"),
     (["--hidden_size", "24"], lambda c, m: m.config.hidden_size == 24),
     (["--num_layers", "1"], lambda c, m: m.config.num_hidden_layers == 1),
     (["--model", "transformer", "--num_heads", "2"], lambda c, m: m.config.num_attention_heads == 2),
