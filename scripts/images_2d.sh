@@ -15,7 +15,9 @@
 # PATCHES (default "4 2") and MODELS (default "vit orchid-1d orchid-2d orchid-2d-hybrid") narrow the runs; THREADS
 # (default 1) threads per run; JOBS (default 2) runs at a time, so that the two cores are shared alike by the models
 # compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of
-# every run, one pass over a random subset of that many (a fraction of an epoch, the budget of a CPU).
+# every run, one pass over a random subset of that many (a fraction of an epoch, the budget of a CPU);
+# LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; BLOCK_PREFIX (default none) the prefix of the report's blocks,
+# for a second set of runs on the same page (with its own OUT and RESULTS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -27,7 +29,7 @@ PY=${PY:-.venv/bin/python}
 PATCHES=${PATCHES:-"4 2"}
 MODELS=${MODELS:-"vit orchid-1d orchid-2d orchid-2d-hybrid"}
 TRAIN_IMAGES=${TRAIN_IMAGES:-15000}
-LEARNING_RATES="1e-3 2e-3 4e-3"
+LEARNING_RATES=${LEARNING_RATES:-"1e-3 2e-3 4e-3"}
 SEEDS="0 1"
 BATCH=64
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -105,7 +107,8 @@ run)
     done
     ;;
 report)
-    $PY scripts/images_2d_report.py --runs "$OUT" --grid_learning_rates $LEARNING_RATES --threads-per-run "$THREADS" --jobs "$JOBS"
+    $PY scripts/images_2d_report.py --runs "$OUT" --grid_learning_rates $LEARNING_RATES --threads-per-run "$THREADS" \
+        --jobs "$JOBS" --results "${RESULTS:-docs/results/images_2d}" --block_prefix "${BLOCK_PREFIX:-}"
     ;;
 *)
     echo "usage: bash scripts/images_2d.sh {prepare|jobs|run|report}" >&2
