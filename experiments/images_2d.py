@@ -146,9 +146,11 @@ def test_table(records: list[dict], learning_rates: list[str]) -> str:
             if not runs:
                 continue
             lr = choose_learning_rate(records, patch, model, learning_rates)
+            ends = (min(learning_rates, key=float), max(learning_rates, key=float))
             accuracies = _test_accuracies(records, patch, model)
             rows.append([
-                f"{patch}x{patch} ({tokens} tokens)", MODELS[model], f"{runs[0]['num_parameters']:,}", lr,
+                f"{patch}x{patch} ({tokens} tokens)", MODELS[model], f"{runs[0]['num_parameters']:,}",
+                lr + (" (the grid's edge)" if lr in ends else ""),
                 _percent(accuracies), f"**{100 * statistics.mean(accuracies):.2f}**",
                 difference_cell(accuracies, None if model == BASELINE or not baseline else baseline, digits=2),
                 f"{statistics.mean(r['train_seconds'] for r in runs) / 60:.1f} min",
@@ -202,10 +204,15 @@ def headline(records: list[dict], learning_rates: list[str]) -> str:
 
 
 def render_report(
-    results_dir: str | Path, report: str | Path, learning_rates: list[str], readme: str | Path | None = None
+    results_dir: str | Path,
+    report: str | Path,
+    learning_rates: list[str],
+    readme: str | Path | None = None,
+    prefix: str = "",
 ) -> dict[str, str]:
     """Fill the blocks ``test``, ``grid``, ``floor``, ``machine`` of ``report`` and ``headline`` of ``readme`` from
-    the records in ``results_dir``; returns the blocks."""
+    the records in ``results_dir``, each name after ``prefix`` (a second set of runs on the same page takes its
+    own); returns the blocks by their names without the prefix."""
     records = load_records(results_dir)
     if not records:
         raise ValueError(f"{results_dir} holds no records: run scripts/images_2d_report.py --runs first")
@@ -227,9 +234,10 @@ def render_report(
         )
     text = Path(report).read_text()
     for name, content in blocks.items():
-        text = replace_block(text, BLOCKS, name, content)
+        text = replace_block(text, BLOCKS, prefix + name, content)
     Path(report).write_text(text)
     if readme is not None:
         blocks["headline"] = headline(records, learning_rates)
-        Path(readme).write_text(replace_block(Path(readme).read_text(), BLOCKS, "headline", blocks["headline"]))
+        text = replace_block(Path(readme).read_text(), BLOCKS, prefix + "headline", blocks["headline"])
+        Path(readme).write_text(text)
     return blocks

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> dict | str:
                         help="Print the learning rate of that grid in --runs chosen on the validation split, and "
                         "nothing else.")  # fmt: skip
     parser.add_argument("--grid_learning_rates", nargs="+", required=True, help="The grid's learning rates.")
+    parser.add_argument("--block_prefix", default="", help="The prefix of the names of the blocks to fill, for a "
+                        "second set of runs on the same page (e.g. 'epoch-' fills 'epoch-test').")
     args = parser.parse_args(argv)
     if args.choose:
         match = re.fullmatch(r"p(\d+)-(.+)", args.choose)
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> dict | str:
     if args.runs:
         names = collect_runs(args.runs, args.results, args.threads_per_run, args.jobs)
         print(f"kept {len(names)} runs in {args.results}")
-    blocks = render_report(args.results, args.report, args.grid_learning_rates, args.readme or None)
+    blocks = render_report(args.results, args.report, args.grid_learning_rates, args.readme or None,
+                           args.block_prefix)
     print(blocks["test"])
     return blocks
 

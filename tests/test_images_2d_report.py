@@ -43,6 +43,18 @@ def test_the_report_chooses_on_validation_and_fills_its_blocks(tmp_path):
     assert "| 4x4 | Orchid 2-D hybrid (2-D first, then attention) | 80.00 | 85.00 | 85.00 |" in text
     assert "**83.00%** on the 50 test images" in text
     assert "old" not in readme.read_text() and "2-D hybrid 87.00%" in readme.read_text()
+    # A second set of runs on the same page fills its own blocks, and names a choice at the grid's end.
+    second = tmp_path / "second"
+    for lr, accuracy in zip(rates, [0.80, 0.85, 0.90]):
+        fake_run(second / f"p4-vit-lr{lr}-s0", accuracy)
+    fake_run(second / "p4-vit-chosen-s0", 0.91)
+    collect_runs(second, tmp_path / "second-results")
+    second_blocks = ("test", "grid", "machine")
+    report.write_text(text + "".join(f"<!-- images-2d:epoch-{b} -->\n<!-- /images-2d:epoch-{b} -->\n"
+                                     for b in second_blocks))
+    render_report(tmp_path / "second-results", report, rates, prefix="epoch-")
+    assert report.read_text().startswith(text)  # the first set's blocks as they were
+    assert "| 4x4 (49 tokens) | ViT (transformers) | 1,234 | 4e-3 (the grid's edge) | 91.00 |" in report.read_text()
 
 
 def test_each_model_is_compared_with_vit_at_its_patch_size(tmp_path):
