@@ -49,7 +49,7 @@ from orchid_hf.modeling.orchid_layers import (
 )
 from torch import nn
 
-from benchmarks.harness import block_names, provenance, replace_block
+from benchmarks.harness import block_names, provenance, replace_block, table_lines
 
 MODELS = ("orchid", "static", "transformer", "gpt2")
 OBJECTIVES = ("query", "next_token")
@@ -672,6 +672,35 @@ def results_table(paths: list[str | Path]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def paper_table(paths: list[str | Path]) -> str:
+    """Runs beside the paper's Table 4.2: a row per model and objective, a column per vocabulary, each cell the test
+    accuracies of the seeds (%) and the paper's number; then how often each model predicted a key it cannot know
+    (``next_key_accuracy`` on the validation split, chance ``2 / vocab_size``) and whether its earlier outputs moved
+    with a later token (:func:`earlier_positions_changed`), both from the runs' last evaluation."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    vocabs = sorted({r["config"]["vocab_size"] for r in results})
+    groups: dict[tuple, dict[int, list[dict]]] = {}
+    for r in sorted(results, key=lambda r: (MODELS.index(r["config"]["model"]), r["config"]["seed"])):
+        c = r["config"]
+        groups.setdefault((describe(c), c["model"]), {}).setdefault(c["vocab_size"], []).append(r)
+    rows = []
+    for (label, model), by_vocab in groups.items():
+        cells, keys, moved = [], [], []
+        for vocab in vocabs:
+            runs = by_vocab.get(vocab, [])
+            seeds = " / ".join(f"{100 * r['test_accuracy']:.1f}" for r in runs) or "-"
+            paper = PAPER.get((model, vocab, runs[0]["config"]["seq_len"])) if runs else None
+            cells.append(f"{seeds} ({paper:g})" if paper is not None else seeds)
+            keys += [f"{100 * r['curve'][-1]['val_next_key_accuracy']:.0f}" for r in runs]
+            moved += [r["earlier_positions_changed"] for r in runs]
+        keys_text = f"{min(keys, key=float)}-{max(keys, key=float)}" if len(set(keys)) > 1 else keys[0]
+        rows.append([label, *cells, keys_text, f"{100 * min(moved):.0f}-{100 * max(moved):.0f}"
+                     if len(set(moved)) > 1 else f"{100 * moved[0]:.0f}"])  # fmt: skip
+    header = ["model", *(f"vocabulary {v}: test % by seed (paper)" for v in vocabs), "next key predicted %",
+              "earlier positions moved by a later token %"]  # fmt: skip
+    return "\n".join(table_lines(header, rows)) + "\n"
+
+
 def plot_curves(paths: list[str | Path], out_png: str | Path) -> None:
     """Validation accuracy against training step for each run (test accuracy for runs without a validation split),
     one panel per model and task (vocabulary, length); each legend names what differs from the model's defaults."""
@@ -719,18 +748,23 @@ def render_page(text: str, runs: str | Path, figures: str | Path | None = None) 
     folder), the figures are drawn there too.
 
     A block's name says what it holds: ``table PATTERN`` (:func:`results_table` of the run files that the glob
-    PATTERN matches under ``runs``) or ``figure PATTERN PNG`` (a link to PNG, the :func:`plot_curves` of those run
-    files). A ValueError names a block of another form, or one whose pattern matches no run file."""
+    PATTERN matches under ``runs``), ``paper PATTERN`` (:func:`paper_table` of them) or ``figure PATTERN PNG`` (a
+    link to PNG, the :func:`plot_curves` of those run files). A ValueError names a block of another form, or one
+    whose pattern matches no run file."""
     runs = Path(runs)
     for name in block_names(text, BLOCKS):
         kind, pattern, *png = name.split(" ")
-        if (kind, len(png)) not in (("table", 0), ("figure", 1)):
-            raise ValueError(f"a {BLOCKS} block is named 'table PATTERN' or 'figure PATTERN PNG', got {name!r}")
+        if (kind, len(png)) not in (("table", 0), ("paper", 0), ("figure", 1)):
+            raise ValueError(
+                f"a {BLOCKS} block is named 'table PATTERN', 'paper PATTERN' or 'figure PATTERN PNG', got {name!r}"
+            )
         paths = sorted(runs.glob(pattern))
         if not paths:
             raise ValueError(f"no run files match {pattern!r} under {runs}")
         if kind == "table":
             content = results_table(paths).rstrip("\n")
+        elif kind == "paper":
+            content = paper_table(paths).rstrip("\n")
         else:
             if figures is not None:
                 plot_curves(paths, Path(figures) / png[0])

@@ -397,7 +397,7 @@ def test_a_results_page_is_rebuilt_from_its_run_files(tmp_path):
     assert render_page(rendered, runs) == rendered  # rebuilding an up-to-date page changes nothing
     with pytest.raises(ValueError, match="no run files match 'other/\\*.json'"):
         render_page("<!-- recall:table other/*.json -->\n<!-- /recall:table other/*.json -->", runs)
-    with pytest.raises(ValueError, match="named 'table PATTERN' or 'figure PATTERN PNG', got 'figure main.json'"):
+    with pytest.raises(ValueError, match="'paper PATTERN' or 'figure PATTERN PNG', got 'figure main.json'"):
         render_page(f"<!-- {BLOCKS}:figure main.json -->\n<!-- /{BLOCKS}:figure main.json -->", runs)
 
 
@@ -420,6 +420,26 @@ def test_training_ends_where_stop_says_with_a_last_evaluation():
     assert len(result["commit"]) == 40 and result["machine"]["torch_threads"] == config.threads  # where it was run
     assert [point["step"] for point in result["curve"]] == [3]
     assert 0 <= result["test_accuracy"] <= 1 and result["curve"][0]["train_loss"] > 0
+
+
+def test_the_paper_table_puts_the_seeds_beside_table_4_2(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    cases = [("orchid", 20, 0, 0.99, 1.0, 1.0), ("orchid", 20, 1, 0.98, 1.0, 1.0), ("orchid", 30, 0, 0.5, 0.99, 1.0),
+             ("gpt2", 20, 0, 0.3, 0.1, 0.0), ("gpt2", 20, 1, 0.95, 0.12, 0.0)]  # fmt: skip
+    for model, vocab, seed, accuracy, keys, moved in cases:
+        config = asdict(RecallConfig(model=model, vocab_size=vocab, seed=seed, objective="next_token"))
+        result = {"config": config, "test_accuracy": accuracy, "earlier_positions_changed": moved,
+                  "curve": [{"val_next_key_accuracy": keys}]}  # fmt: skip
+        (runs / f"{model}_{vocab}_{seed}.json").write_text(json.dumps(result))
+    page = render_page("<!-- recall:paper *.json -->\n<!-- /recall:paper *.json -->\n", runs)
+    lines = page.splitlines()
+    assert lines[1] == ("| model | vocabulary 20: test % by seed (paper) | vocabulary 30: test % by seed (paper) | "
+                        "next key predicted % | earlier positions moved by a later token % |")  # fmt: skip
+    assert lines[3] == ("| orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1 / next-token loss | "
+                        "99.0 / 98.0 (100) | 50.0 (99.4) | 99-100 | 100 |")  # fmt: skip
+    assert lines[4] == ("| transformer (GPT2LMHeadModel, causal, pre-norm) / next-token loss | 30.0 / 95.0 (100) | - | "
+                        "10-12 | 0 |")  # fmt: skip
 
 
 # Every flag of scripts/associative_recall.py, with a value other than its default, and what it must change.
