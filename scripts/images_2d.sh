@@ -17,7 +17,8 @@
 # compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of
 # every run, one pass over a random subset of that many (a fraction of an epoch, the budget of a CPU);
 # LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; BLOCK_PREFIX (default none) the prefix of the report's blocks,
-# for a second set of runs on the same page (with its own OUT and RESULTS).
+# for a second set of runs on the same page (with its own OUT and RESULTS); README_FILE (default README.md) the file
+# whose images-2d headline block the report fills ('' for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -108,7 +109,8 @@ run)
     ;;
 report)
     $PY scripts/images_2d_report.py --runs "$OUT" --grid_learning_rates $LEARNING_RATES --threads-per-run "$THREADS" \
-        --jobs "$JOBS" --results "${RESULTS:-docs/results/images_2d}" --block_prefix "${BLOCK_PREFIX:-}"
+        --jobs "$JOBS" --results "${RESULTS:-docs/results/images_2d}" --block_prefix "${BLOCK_PREFIX:-}" \
+        --readme "${README_FILE-README.md}"
     ;;
 *)
     echo "usage: bash scripts/images_2d.sh {prepare|jobs|run|report}" >&2
