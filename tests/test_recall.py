@@ -425,21 +425,25 @@ def test_training_ends_where_stop_says_with_a_last_evaluation():
 def test_the_paper_table_puts_the_seeds_beside_table_4_2(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
+    # Orchid's vocabulary-30 run has App. C.1's deeper conditioning: still the same model's row.
     cases = [("orchid", 20, 0, 0.99, 1.0, 1.0), ("orchid", 20, 1, 0.98, 1.0, 1.0), ("orchid", 30, 0, 0.5, 0.99, 1.0),
              ("gpt2", 20, 0, 0.3, 0.1, 0.0), ("gpt2", 20, 1, 0.95, 0.12, 0.0)]  # fmt: skip
     for model, vocab, seed, accuracy, keys, moved in cases:
-        config = asdict(RecallConfig(model=model, vocab_size=vocab, seed=seed, objective="next_token"))
+        depth = 3 if (model, vocab) == ("orchid", 30) else 1
+        config = asdict(RecallConfig(model=model, vocab_size=vocab, seed=seed, objective="next_token",
+                                     conditioning_depth=depth))  # fmt: skip
         result = {"config": config, "test_accuracy": accuracy, "earlier_positions_changed": moved,
                   "curve": [{"val_next_key_accuracy": keys}]}  # fmt: skip
         (runs / f"{model}_{vocab}_{seed}.json").write_text(json.dumps(result))
     page = render_page("<!-- recall:paper *.json -->\n<!-- /recall:paper *.json -->\n", runs)
     lines = page.splitlines()
     assert lines[1] == ("| model | vocabulary 20: test % by seed (paper) | vocabulary 30: test % by seed (paper) | "
-                        "next key predicted % | earlier positions moved by a later token % |")  # fmt: skip
+                        "next key predicted %, by vocabulary (chance 10 / 6.67) | "
+                        "earlier positions moved by a later token % |")  # fmt: skip
     assert lines[3] == ("| orchid / dct / abs / spatial+spectral / h0 dct(h0), Listing 1 / next-token loss | "
-                        "99.0 / 98.0 (100) | 50.0 (99.4) | 99-100 | 100 |")  # fmt: skip
+                        "99.0 / 98.0 (100) | 50.0 (99.4) | 100 / 99 | 100 |")  # fmt: skip
     assert lines[4] == ("| transformer (GPT2LMHeadModel, causal, pre-norm) / next-token loss | 30.0 / 95.0 (100) | - | "
-                        "10-12 | 0 |")  # fmt: skip
+                        "11 / - | 0 |")  # fmt: skip
 
 
 # Every flag of scripts/associative_recall.py, with a value other than its default, and what it must change.
