@@ -138,6 +138,7 @@ def test_table(records: list[dict], learning_rates: list[str]) -> str:
               "− ViT, points (95% interval)", "training time", "training images/s", "test images/s"]
     rows = []
     tests = [r for r in records if r["kind"] == "test"]
+    ends = (min(learning_rates, key=float), max(learning_rates, key=float))  # a choice there may lie beyond the grid
     for patch in sorted({r["patch"] for r in tests}, reverse=True):
         tokens = (28 // patch) ** 2
         baseline = _test_accuracies(records, patch, BASELINE)
@@ -146,7 +147,6 @@ def test_table(records: list[dict], learning_rates: list[str]) -> str:
             if not runs:
                 continue
             lr = choose_learning_rate(records, patch, model, learning_rates)
-            ends = (min(learning_rates, key=float), max(learning_rates, key=float))
             accuracies = _test_accuracies(records, patch, model)
             rows.append([
                 f"{patch}x{patch} ({tokens} tokens)", MODELS[model], f"{runs[0]['num_parameters']:,}",
