@@ -15,7 +15,8 @@
 # PATCHES (default "4 2") and MODELS (default "vit orchid-1d orchid-2d orchid-2d-hybrid") narrow the runs; THREADS
 # (default 1) threads per run; JOBS (default 2) runs at a time, so that the two cores are shared alike by the models
 # compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of
-# every run, one pass over a random subset of that many (a fraction of an epoch, the budget of a CPU);
+# every run, a random subset of that many (a fraction of an epoch, the budget of a CPU); EPOCHS (default 1) the
+# passes over them;
 # LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; BLOCK_PREFIX (default none) the prefix of the report's blocks,
 # for a second set of runs on the same page (with its own OUT and RESULTS); README_FILE (default README.md) the file
 # whose images-2d headline block the report fills ('' for none).
@@ -30,6 +31,7 @@ PY=${PY:-.venv/bin/python}
 PATCHES=${PATCHES:-"4 2"}
 MODELS=${MODELS:-"vit orchid-1d orchid-2d orchid-2d-hybrid"}
 TRAIN_IMAGES=${TRAIN_IMAGES:-15000}
+EPOCHS=${EPOCHS:-1}
 LEARNING_RATES=${LEARNING_RATES:-"1e-3 2e-3 4e-3"}
 SEEDS="0 1"
 BATCH=64
@@ -51,10 +53,10 @@ model_args() {  # MODEL PATCH
 }
 
 # The recipe of every run: orchid-vit-digits' AdamW, cosine schedule, weight decay 0.05 and label smoothing 0.1,
-# batch 64, one pass over TRAIN_IMAGES images with a tenth of its steps of warmup, random crops after 2-pixel padding
-# and horizontal flips; no evaluation during training, so that the training time is training alone.
-WARMUP=$(( TRAIN_IMAGES / BATCH / 10 ))
-RECIPE="--class_names ${FASHION_CLASSES[*]@Q} --recipe orchid-vit-digits --num_train_epochs 1 \
+# batch 64, EPOCHS passes over TRAIN_IMAGES images with a tenth of their steps of warmup, random crops after 2-pixel
+# padding and horizontal flips; no evaluation during training, so that the training time is training alone.
+WARMUP=$(( TRAIN_IMAGES * EPOCHS / BATCH / 10 ))
+RECIPE="--class_names ${FASHION_CLASSES[*]@Q} --recipe orchid-vit-digits --num_train_epochs $EPOCHS \
 --max_train_samples $TRAIN_IMAGES --per_device_train_batch_size $BATCH --per_device_eval_batch_size 256 \
 --warmup_steps $WARMUP --crop_padding 2 --hflip True --eval_strategy no --save_strategy no --report_to none \
 --threads $THREADS --disable_tqdm True"
