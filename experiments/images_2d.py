@@ -64,6 +64,7 @@ def run_record(folder: Path) -> dict | None:
         "num_eval": results["num_eval"],
         "num_parameters": results["num_parameters"],
         "steps": results["steps"],
+        "epochs": results["epochs"],
         # Training alone: the runs evaluate only after training (--eval_strategy no).
         "train_seconds": results["train_seconds"],
         "train_images_per_second": results["num_train"] * results["epochs"] / results["train_seconds"],
@@ -196,10 +197,12 @@ def headline(records: list[dict], learning_rates: list[str]) -> str:
     floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
     compared = "".join(f"; {text}" for text in comparisons)
     train = tests[0]["num_train"] if tests else 0
+    epochs = tests[0].get("epochs", 1) if tests else 1  # records kept before the field: one pass
+    passes = "one pass" if epochs == 1 else f"{epochs:g} passes"
     return "\n".join(table_lines(["images in two dimensions", "Orchid 2-D", "baselines", "details"], [[
         f"Fashion-MNIST test accuracy, {' / '.join(f'{p}x{p}' for p in patches)} patches, lr chosen on validation",
         mean("orchid-2d"), f"ViT {mean('vit')}; Orchid 1-D {mean('orchid-1d')}; 2-D hybrid {mean('orchid-2d-hybrid')}",
-        f"2 seeds; {train:,} training images each, one pass{floor_text}{compared}",
+        f"2 seeds; {train:,} training images each, {passes}{floor_text}{compared}",
     ]]))  # fmt: skip
 
 

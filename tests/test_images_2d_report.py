@@ -10,10 +10,10 @@ from experiments import images_2d
 from experiments.images_2d import choose_learning_rate, collect_runs, load_records, render_report, runs_in
 
 
-def fake_run(folder, accuracy: float, train_seconds: float = 10.0) -> None:
+def fake_run(folder, accuracy: float, train_seconds: float = 10.0, epochs: float = 1.0) -> None:
     folder.mkdir(parents=True)
     results = {"accuracy": accuracy, "eval_split": "test", "num_train": 100, "num_eval": 50, "num_parameters": 1234,
-               "steps": 2, "train_seconds": train_seconds, "epochs": 1.0, "hyperparameters": {}}  # fmt: skip
+               "steps": 2, "train_seconds": train_seconds, "epochs": epochs, "hyperparameters": {}}  # fmt: skip
     (folder / "results.json").write_text(json.dumps(results))
     (folder / "all_results.json").write_text(json.dumps({"eval_samples": 50, "eval_runtime": 2.0}))
 
@@ -43,16 +43,19 @@ def test_the_report_chooses_on_validation_and_fills_its_blocks(tmp_path):
     assert "| 4x4 | Orchid 2-D hybrid (2-D first, then attention) | 80.00 | 85.00 | 85.00 |" in text
     assert "**83.00%** on the 50 test images" in text
     assert "old" not in readme.read_text() and "2-D hybrid 87.00%" in readme.read_text()
+    assert "100 training images each, one pass; logistic regression 83.00%" in readme.read_text()
     # A second set of runs on the same page fills its own blocks, and names a choice at the grid's end.
     second = tmp_path / "second"
     for lr, accuracy in zip(rates, [0.80, 0.85, 0.90]):
         fake_run(second / f"p4-vit-lr{lr}-s0", accuracy)
-    fake_run(second / "p4-vit-chosen-s0", 0.91)
+    fake_run(second / "p4-vit-chosen-s0", 0.91, epochs=2.0)
     collect_runs(second, tmp_path / "second-results")
     second_blocks = ("test", "grid", "machine")
     report.write_text(text + "".join(f"<!-- images-2d:epoch-{b} -->\n<!-- /images-2d:epoch-{b} -->\n"
                                      for b in second_blocks))
-    render_report(tmp_path / "second-results", report, rates, prefix="epoch-")
+    readme.write_text("<!-- images-2d:epoch-headline -->\n<!-- /images-2d:epoch-headline -->\n")
+    render_report(tmp_path / "second-results", report, rates, readme, prefix="epoch-")
+    assert "100 training images each, 2 passes" in readme.read_text()
     assert report.read_text().startswith(text)  # the first set's blocks as they were
     assert "| 4x4 (49 tokens) | ViT (transformers) | 1,234 | 4e-3 (the grid's edge) | 91.00 |" in report.read_text()
 
