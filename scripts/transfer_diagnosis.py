@@ -8,6 +8,7 @@ docs/results/real_data.md on small models (experiments/transfer/), one thread.
     python scripts/transfer_diagnosis.py finetune orchid-pt300-s0 --epochs 1 3 --lr 5e-5 2e-4 --pooling first mean
     python scripts/transfer_diagnosis.py table
     python scripts/transfer_diagnosis.py filters outputs/real_data/pretrain-orchid   # saved Orchid models' filters
+                                                     # (docs/results/transfer/filters-FOLDER.json)
 
 Model names: ARCH-random-sSEED or ARCH-ptSTEPS[-dropoutP][-prenorm]-sSEED (masked-LM pretraining on the non-test
 chapters, cached under --work_dir). Results: one JSON per run in docs/results/transfer/.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT))  # experiments/ is not installed
 
 import torch  # noqa: E402
 
+from benchmarks.harness import provenance, write_json  # noqa: E402
 from experiments.transfer import diagnose, report  # noqa: E402
 
 
@@ -51,7 +53,11 @@ def main(argv: list[str] | None = None) -> None:
         print(report.table(Path(args.results_dir)))
         return
     if args.command == "filters":
-        print(diagnose.filter_table(args.models))
+        records = [diagnose.filter_record(folder) for folder in args.models]
+        for record in records:
+            write_json(Path(args.results_dir) / f"filters-{record['model']}.json",
+                       {**record, **provenance(torch.get_num_threads())})  # fmt: skip
+        print(diagnose.filter_table(records))
         return
     ws = diagnose.Workspace(args.data_dir, args.vocab_dir, args.work_dir, args.results_dir)
     if args.command == "bow":

@@ -24,7 +24,7 @@ from experiments.transfer.models import (
 )
 from orchid_hf import OrchidConfig, OrchidModel
 from tests.test_novels import SPECIALS, chapter_words, write_novel
-from tests.test_real_data import RunsCodeWhenLoaded
+from tests.test_real_data import RunsCodeWhenLoaded, load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -278,8 +278,9 @@ def test_the_operator_table_says_how_each_run_measured_its_kernels(tmp_path):
 
 
 def test_filter_table_reads_saved_models(tmp_path):
-    """`transfer_diagnosis.py filters`: one row per implicit filter of each saved Orchid model, the saved kernel's
-    RMS beside the same configuration's at initialisation; a model whose filters were zeroed shows 0."""
+    """`transfer_diagnosis.py filters`: a run file per saved Orchid model, with its commit and machine, and one row per
+    implicit filter, the saved kernel's RMS beside the same configuration's at initialisation; a model whose filters
+    were zeroed shows 0."""
     from experiments.transfer.diagnose import filter_table
     from orchid_hf import OrchidConfig, OrchidForMaskedLM
 
@@ -294,8 +295,14 @@ def test_filter_table_reads_saved_models(tmp_path):
             if ".static_filter.ffn." in name:
                 parameter.zero_()
     zeroed.save_pretrained(tmp_path / "zeroed")
-    rows = [line.split(" | ") for line in filter_table([str(tmp_path / "initial"), str(tmp_path / "zeroed")])
-            .splitlines()[2:]]  # fmt: skip
+    threads = torch.get_num_threads()  # the script runs on one thread
+    load_script("transfer_diagnosis").main(["filters", str(tmp_path / "initial"), str(tmp_path / "zeroed"),
+                                            "--results_dir", str(tmp_path / "results")])  # fmt: skip
+    torch.set_num_threads(threads)
+    records = [json.loads((tmp_path / "results" / f"filters-{name}.json").read_text()) for name in ("initial",
+                                                                                                   "zeroed")]
+    assert all(len(record["commit"]) == 40 and record["machine"] for record in records)
+    rows = [line.split(" | ") for line in filter_table(records).splitlines()[2:]]
     assert len(rows) == 8  # 2 models x 2 layers x (static, residual)
     expected = measures.implicit_kernel_rms(OrchidForMaskedLM.from_pretrained(tmp_path / "initial"))
     for row in rows:

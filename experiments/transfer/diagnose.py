@@ -156,25 +156,33 @@ def run_operator(ws: Workspace, name: str, examples: int = 64) -> dict:
     return result
 
 
-def filter_table(folders: list[str]) -> str:
-    """A markdown table of the RMS of every implicit filter's kernel h0 in saved Orchid models (folders of
-    ``save_pretrained``, e.g. the real-data comparison's pretrained model) against the same configuration at its
-    initialisation (seed 0): whether pretraining kept the static and residual long convolutions."""
+def filter_record(folder: str) -> dict:
+    """The RMS of every implicit filter's kernel h0 in a saved Orchid model (a folder of ``save_pretrained``, e.g. the
+    real-data comparison's pretrained model) against the same configuration at its initialisation (seed 0), and of
+    its skip term D: whether pretraining kept the static and residual long convolutions."""
     from transformers import AutoConfig, AutoModelForMaskedLM
 
     import orchid_hf  # noqa: F401  (registers the model type)
 
+    model = AutoModelForMaskedLM.from_pretrained(folder)
+    torch.manual_seed(0)
+    initial = measures.implicit_kernel_rms(AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(folder)))
+    skips = {name: float(module.skip.detach().pow(2).mean().sqrt()) for name, module in model.named_modules()
+             if name in initial}  # fmt: skip
+    filters = {name.split("layer.")[-1]: {"initial_h0_rms": initial[name], "saved_h0_rms": rms,
+                                          "saved_skip_rms": skips[name]}
+               for name, rms in measures.implicit_kernel_rms(model).items()}  # fmt: skip
+    return {"model": Path(folder).name, "folder": str(folder), "filters": filters}
+
+
+def filter_table(records: list[dict]) -> str:
+    """A markdown table of :func:`filter_record`'s records, one row per implicit filter."""
     lines = ["| model | filter | h0 RMS at initialisation | h0 RMS saved | skip term D RMS saved |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for folder in folders:
-        model = AutoModelForMaskedLM.from_pretrained(folder)
-        torch.manual_seed(0)
-        initial = measures.implicit_kernel_rms(AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(folder)))
-        skips = {name: float(module.skip.detach().pow(2).mean().sqrt()) for name, module in model.named_modules()
-                 if name in initial}  # fmt: skip
-        for name, rms in measures.implicit_kernel_rms(model).items():
-            lines.append(f"| {Path(folder).name} | {name.split('layer.')[-1]} | {initial[name]:.2e} | {rms:.2e} | "
-                         f"{skips[name]:.2f} |")  # fmt: skip
+    for record in records:
+        for name, rms in record["filters"].items():
+            lines.append(f"| {record['model']} | {name} | {rms['initial_h0_rms']:.2e} | {rms['saved_h0_rms']:.2e} | "
+                         f"{rms['saved_skip_rms']:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 
