@@ -174,15 +174,19 @@ def rss_peak_bytes(fn: Callable[[], object]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+RESULTS_DIR = "docs/results"  # the run files of the docs, relative to the checkout's root
+
+
 def git_state(root: str | Path = REPO_ROOT) -> dict:
     """``commit``: the full hash of the checkout's HEAD, and ``uncommitted_changes``: whether its working tree differs
-    from it (tracked files changed, or files git does not ignore added); both None where git or a repository is not
-    there (a copied tree)."""
+    from it (tracked files changed, or files git does not ignore added) outside ``RESULTS_DIR``, where the runs write
+    their own files (a run that writes several would otherwise see its first ones); both None where git or a
+    repository is not there (a copied tree)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10,
                                 check=True).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                                timeout=30, check=True).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "status", "--porcelain", "--", ".", f":(exclude){RESULTS_DIR}"], cwd=root,
+                                capture_output=True, text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "uncommitted_changes": None}
     return {"commit": commit, "uncommitted_changes": bool(status)}

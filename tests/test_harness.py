@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import re
+import subprocess
 import time
 
 import pytest
@@ -65,6 +66,27 @@ def test_provenance_records_the_commit_its_changes_and_the_machine(tmp_path):
     given = harness.provenance(commit="0123456789abcdef")
     assert (given["commit"], given["uncommitted_changes"]) == ("0123456789abcdef", None)
     assert harness.git_state(tmp_path) == {"commit": None, "uncommitted_changes": None}  # not a checkout
+
+
+def test_a_run_file_under_docs_results_is_no_uncommitted_change(tmp_path):
+    """A run that writes several files into docs/results records a clean tree in each; any other change counts."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-qm", "code")
+    assert harness.git_state(tmp_path)["uncommitted_changes"] is False
+    (tmp_path / harness.RESULTS_DIR / "runs").mkdir(parents=True)
+    (tmp_path / harness.RESULTS_DIR / "runs" / "first.json").write_text("{}")
+    assert harness.git_state(tmp_path)["uncommitted_changes"] is False
+    (tmp_path / "other.py").write_text("y = 2\n")
+    assert harness.git_state(tmp_path)["uncommitted_changes"] is True
+    (tmp_path / "other.py").unlink()
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert harness.git_state(tmp_path)["uncommitted_changes"] is True
 
 
 def test_the_machine_and_the_commit_in_words():
