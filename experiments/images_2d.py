@@ -135,10 +135,11 @@ def _test_accuracies(records: list[dict], patch: int, model: str) -> list[float]
 def test_table(records: list[dict], learning_rates: list[str]) -> str:
     """Per patch size and model: the chosen learning rate, the test accuracy of each seed and their mean, the
     difference from ViT at that patch size with its interval, and the speed of training and evaluation."""
-    header = ["patches", "model", "parameters", "learning rate (chosen)", "test accuracy, seeds 0 / 1 (%)", "mean",
+    tests = [r for r in records if r["kind"] == "test"]
+    seeds = " / ".join(str(seed) for seed in sorted({r["seed"] for r in tests}))
+    header = ["patches", "model", "parameters", "learning rate (chosen)", f"test accuracy, seeds {seeds} (%)", "mean",
               "− ViT, points (95% interval)", "training time", "training images/s", "test images/s"]
     rows = []
-    tests = [r for r in records if r["kind"] == "test"]
     ends = (min(learning_rates, key=float), max(learning_rates, key=float))  # a choice there may lie beyond the grid
     for patch in sorted({r["patch"] for r in tests}, reverse=True):
         tokens = (28 // patch) ** 2
@@ -197,12 +198,14 @@ def headline(records: list[dict], learning_rates: list[str]) -> str:
     floor_text = f"; logistic regression {100 * floor[0]['accuracy']:.2f}%" if floor else ""
     compared = "".join(f"; {text}" for text in comparisons)
     train = tests[0]["num_train"] if tests else 0
+    counts = sorted({len(_test_accuracies(records, patch, model)) for patch in patches for model in MODELS} - {0})
+    seeds = "0" if not counts else str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
     epochs = tests[0].get("epochs", 1) if tests else 1  # records kept before the field: one pass
     passes = "one pass" if epochs == 1 else f"{epochs:g} passes"
     return "\n".join(table_lines(["images in two dimensions", "Orchid 2-D", "baselines", "details"], [[
         f"Fashion-MNIST test accuracy, {' / '.join(f'{p}x{p}' for p in patches)} patches, lr chosen on validation",
         mean("orchid-2d"), f"ViT {mean('vit')}; Orchid 1-D {mean('orchid-1d')}; 2-D hybrid {mean('orchid-2d-hybrid')}",
-        f"2 seeds; {train:,} training images each, {passes}{floor_text}{compared}",
+        f"{seeds} seeds; {train:,} training images each, {passes}{floor_text}{compared}",
     ]]))  # fmt: skip
 
 

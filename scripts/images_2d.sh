@@ -17,7 +17,7 @@
 # compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of
 # every run, a random subset of that many (a fraction of an epoch, the budget of a CPU); EPOCHS (default 1) the
 # passes over them;
-# LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; BLOCK_PREFIX (default none) the prefix of the report's blocks,
+# LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; SEEDS (default "0 1") the seeds trained at the chosen rate; BLOCK_PREFIX (default none) the prefix of the report's blocks,
 # for a second set of runs on the same page (with its own OUT and RESULTS); README_FILE (default README.md) the file
 # whose images-2d headline block the report fills ('' for none).
 set -euo pipefail
@@ -33,7 +33,7 @@ MODELS=${MODELS:-"vit orchid-1d orchid-2d orchid-2d-hybrid"}
 TRAIN_IMAGES=${TRAIN_IMAGES:-15000}
 EPOCHS=${EPOCHS:-1}
 LEARNING_RATES=${LEARNING_RATES:-"1e-3 2e-3 4e-3"}
-SEEDS="0 1"
+SEEDS=${SEEDS:-"0 1"}
 BATCH=64
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 FASHION_CLASSES=("T-shirt/top" Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag "Ankle boot")

@@ -43,7 +43,7 @@ def test_the_report_chooses_on_validation_and_fills_its_blocks(tmp_path):
     assert "| 4x4 | Orchid 2-D hybrid (2-D first, then attention) | 80.00 | 85.00 | 85.00 |" in text
     assert "**83.00%** on the 50 test images" in text
     assert "old" not in readme.read_text() and "2-D hybrid 87.00%" in readme.read_text()
-    assert "100 training images each, one pass; logistic regression 83.00%" in readme.read_text()
+    assert "| 2 seeds; 100 training images each, one pass; logistic regression 83.00%" in readme.read_text()
     # A second set of runs on the same page fills its own blocks, and names a choice at the grid's end.
     second = tmp_path / "second"
     for lr, accuracy in zip(rates, [0.80, 0.85, 0.90]):
@@ -91,5 +91,7 @@ def test_each_model_is_compared_with_vit_at_its_patch_size(tmp_path):
     render_report(results, report, ["1e-3"], readme)
     assert ("4x4: Orchid 2-D beats ViT by 10.00 points (95% interval of Orchid 2-D − ViT: +5.47 to +14.53)"
             in readme.read_text())
+    assert "| 2-3 seeds; 100 training images each" in readme.read_text()  # the hybrid has two
+    assert "test accuracy, seeds 0 / 1 / 2 (%)" in table
     with pytest.raises(ValueError, match="holds no records"):
         render_report(tmp_path / "runs" / "p4-vit-chosen-s0" / "missing", report, ["1e-3"])
