@@ -15,6 +15,9 @@ Stages (``--stages``, in this order):
   in bf16 autocast and float32, from (8, 128) to (1, 65536).
 - ``recall``: associative recall at long lengths through ``experiments/recall.py``: accuracy on a held-out set
   against training steps.
+- ``needle`` (only when named in ``--stages``: it needs a checkpoint and texts): the needle benchmark's pass key
+  (``experiments/needle.py``) fine-tuned at ``--needle-train-length`` tokens and scored at lengths beyond a CPU's
+  reach, from 32K to 128K tokens: accuracy by depth, seconds per haystack, peak memory.
 
 Budgets: a stage checks its deadline between points and steps; one that reaches it ends there and is reported as
 ``cut``, with what it measured by then. A step that does not return in time is interrupted (SIGALRM) a grace period
@@ -45,6 +48,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,13 +71,15 @@ from benchmarks.harness import (
 from benchmarks.settings import parse_lengths, parse_names, parse_shapes
 from benchmarks.source_tree import import_orchid_hf
 
-STAGES = ("correctness", "training", "speed", "recall")
+STAGES = ("correctness", "training", "speed", "recall", "needle")
+DEFAULT_STAGES = STAGES[:4]  # the check; the needle stage is a second call with its own inputs
 # Seconds per stage on the GPU. The run's own budget leaves room for the start-up (Python, imports) and one stage's
-# grace period within eight minutes: a GPU machine runs one command for at most ten.
-BUDGETS = {"correctness": 85.0, "training": 80.0, "speed": 185.0, "recall": 100.0}
+# grace period within eight minutes: a GPU machine runs one command for at most ten. The needle stage alone fits a
+# call of five minutes.
+BUDGETS = {"correctness": 85.0, "training": 80.0, "speed": 185.0, "recall": 100.0, "needle": 240.0}
 TOTAL_BUDGET_S = 455.0
 # --tiny: generous for the stages that end on their own; recall trains for whatever time its stage gets.
-TINY_BUDGETS = {"correctness": 120.0, "training": 60.0, "speed": 120.0, "recall": 8.0}
+TINY_BUDGETS = {"correctness": 120.0, "training": 60.0, "speed": 120.0, "recall": 8.0, "needle": 120.0}
 TINY_TOTAL_BUDGET_S = 400.0
 JSON_NAME, MARKDOWN_NAME = "gpu_check.json", "gpu_check.md"
 
@@ -111,6 +117,12 @@ class Sizes:
     recall_eval_size: int
     recall_probe_steps: int
     recall_max_steps: int | None  # the longest schedule a run gets (None: experiments/recall.py's default)
+    # needle
+    needle_depths: tuple[float, ...]
+    needle_examples: int  # test haystacks per depth and length
+    needle_train_examples: int
+    needle_batch: int
+    needle_steps: int
 
 
 GPU_SIZES = Sizes(
@@ -119,6 +131,8 @@ GPU_SIZES = Sizes(
     mlm_batch=32, mlm_length=128, mlm_log_every=10,
     speed_shapes=((8, 128), (8, 512)) + tuple((1, 2**k) for k in range(11, 17)), speed_repeats=5, compiled_shapes=8,
     recall_batch=64, recall_eval_size=500, recall_probe_steps=10, recall_max_steps=None,
+    needle_depths=(0, 25, 50, 75, 100), needle_examples=4, needle_train_examples=4096, needle_batch=8,
+    needle_steps=500,
 )  # fmt: skip
 TINY_SIZES = Sizes(
     head_hidden=32, head_length=32, wide_hidden=64, wide_length=64, operator_width=16, operator_length=48,
@@ -126,6 +140,7 @@ TINY_SIZES = Sizes(
     mlm_batch=8, mlm_length=32, mlm_log_every=5,
     speed_shapes=((2, 32), (1, 64)), speed_repeats=2, compiled_shapes=1,
     recall_batch=8, recall_eval_size=16, recall_probe_steps=2, recall_max_steps=16,
+    needle_depths=(0, 100), needle_examples=1, needle_train_examples=8, needle_batch=2, needle_steps=2,
 )  # fmt: skip
 
 
@@ -151,6 +166,12 @@ class CheckSettings:
     speed_shapes: list[tuple[int, int]]
     recall_vocabs: list[int]
     recall_lengths: list[int]
+    needle_model: Path | None = None
+    needle_baseline: Path | None = None
+    needle_texts: Path | None = None
+    needle_lengths: list[int] = dataclasses.field(default_factory=list)
+    needle_train_length: int = 0
+    needle_learning_rate: float = 0.0
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
@@ -161,6 +182,8 @@ class CheckSettings:
         values = dataclasses.asdict(self)
         values.pop("started")
         values["out"] = str(self.out)
+        for name in ("needle_model", "needle_baseline", "needle_texts"):
+            values[name] = None if values[name] is None else str(values[name])
         values["sizes"] = dataclasses.asdict(self.sizes)
         return values
 
@@ -1127,6 +1150,89 @@ def stage_recall(stage: Stage) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Stage 5: the needle benchmark at long lengths
+# ---------------------------------------------------------------------------------------------
+
+NEEDLE_SPLITS = ("train", "validation", "test")  # the folders of --needle-texts
+
+
+def needle_length_entry(results: dict, length: int) -> dict:
+    """One length of a needle run's ``results.json``: the pass key's accuracy over all haystacks and by depth, the
+    share of needles in the model's window, seconds per haystack and the peak memory of reading one."""
+    cells = [cell for cell in results["cells"] if cell["length"] == length]
+    speed = results["speed_and_memory"][str(length)]
+    return {
+        "accuracy": sum(c["accuracy"] * c["examples"] for c in cells) / sum(c["examples"] for c in cells),
+        "by_depth": results["accuracy"]["passkey"][str(length)],
+        "haystacks": sum(c["examples"] for c in cells),
+        "needle_in_window": sum(c["needle_in_window"] * c["examples"] for c in cells) / sum(c["examples"]
+                                                                                             for c in cells),
+        "read_tokens": speed["read_tokens"],
+        "seconds_per_haystack": speed["seconds_per_example"],
+        "peak_memory_mib": speed["peak_memory_mib"],
+    }
+
+
+def stage_needle(stage: Stage) -> None:
+    """The needle benchmark's pass key (``experiments/needle.py``) for ``--needle-model`` and, where given,
+    ``--needle-baseline`` (a model of a fixed window, BERT say, which reads the last tokens of a longer haystack):
+    each fine-tuned on pass-key haystacks of ``--needle-train-length`` tokens from the texts' ``train/`` files at
+    ``--needle-learning-rate`` (its accuracy on haystacks of that length from ``validation/`` recorded), then scored
+    on haystacks from ``test/`` at that length and at each of ``--needle-lengths``, shortest first; a length that
+    does not fit in the device's memory ends that model's lengths."""
+    from experiments.needle import run_needle_benchmark
+
+    settings, sizes = stage.settings, stage.settings.sizes
+    texts = {split: [settings.needle_texts / split] for split in NEEDLE_SPLITS}
+    models = [("model", settings.needle_model, None)]
+    if settings.needle_baseline is not None:
+        models.append(("baseline", settings.needle_baseline, "left"))
+    stage.results["recipe"] = (
+        f"pass key; fine-tuned for {sizes.needle_steps} steps of {sizes.needle_batch} haystacks of "
+        f"{settings.needle_train_length} tokens ({sizes.needle_train_examples} drawn from the train files) at lr "
+        f"{settings.needle_learning_rate:g}; {sizes.needle_examples} test haystacks per depth "
+        f"({', '.join(f'{d:g}%' for d in sizes.needle_depths)}) and length")
+    runs = stage.results.setdefault("models", {})
+    common = dict(tasks=("passkey",), depths=sizes.needle_depths, examples_per_cell=sizes.needle_examples,
+                  device=str(stage.device), progress=False, heatmaps=False)  # fmt: skip
+    with tempfile.TemporaryDirectory() as work:
+        for role, path, truncation in models:
+            entry = runs.setdefault(role, {"path": str(path), "lengths": {}})
+            stage.log(f"{role}: fine-tuning at {settings.needle_train_length} tokens")
+            with warnings.catch_warnings():  # one learning rate, on purpose: its "edge of the grid" warning is moot
+                warnings.filterwarnings("ignore", message="the best learning rate on the validation haystacks")
+                tuned = run_needle_benchmark(
+                    path, texts["test"], Path(work) / role, train_files=texts["train"],
+                    validation_files=texts["validation"], lengths=(settings.needle_train_length,),
+                    learning_rates=(settings.needle_learning_rate,), train_examples=sizes.needle_train_examples,
+                    max_steps=sizes.needle_steps, batch_size=sizes.needle_batch, truncation_side=truncation,
+                    save_model=True, **common)  # fmt: skip
+            run = tuned["finetuning"]["runs"][0]
+            entry["how"] = tuned["how"]
+            entry["finetuning"] = {key: run[key] for key in ("train_seconds", "train_loss_first", "train_loss_last",
+                                                             "validation_accuracy")}  # fmt: skip
+            trained = settings.needle_train_length
+            entry["lengths"][str(trained)] = needle_length_entry(tuned, trained)
+            stage.save()
+            for length in settings.needle_lengths:
+                stage.check()
+                try:
+                    scored = run_needle_benchmark(Path(work) / role / "model", texts["test"],
+                                                  Path(work) / f"{role}-{length}", lengths=(length,), finetune=False,
+                                                  truncation_side=truncation, **common)  # fmt: skip
+                except Exception as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    entry["lengths"][str(length)] = {"out_of_memory": str(error).splitlines()[0]}
+                    release_memory()
+                    stage.save()
+                    break
+                entry["lengths"][str(length)] = needle_length_entry(scored, length)
+                stage.log(f"{role}: {length} tokens, {100 * entry['lengths'][str(length)]['accuracy']:.0f}%")
+                stage.save()
+
+
+# ---------------------------------------------------------------------------------------------
 # The Markdown report
 # ---------------------------------------------------------------------------------------------
 
@@ -1157,7 +1263,7 @@ def render_markdown(data: dict) -> str:
         rows.append([name, status, record.get("seconds", ""), record.get("budget_s", "")])
     lines += table_lines(["stage", "status", "seconds", "budget s"], rows) + [""]
     renderers = {"correctness": markdown_correctness, "training": markdown_training, "speed": markdown_speed,
-                 "recall": markdown_recall}
+                 "recall": markdown_recall, "needle": markdown_needle}
     for name, record in data.get("stages", {}).items():
         lines += [f"## {name.capitalize()}", ""]
         if record.get("error"):
@@ -1297,12 +1403,34 @@ def markdown_recall(results: dict) -> list[str]:
     return lines + [""]
 
 
+def markdown_needle(results: dict) -> list[str]:
+    rows, models = [], results.get("models", {})
+    for role, entry in models.items():
+        tuned = entry.get("finetuning")
+        if tuned:
+            rows.append([role, "fine-tuning", f"{100 * tuned['validation_accuracy']:.0f}% (validation)", "", "", "",
+                         f"{tuned['train_seconds']:.0f} s, training loss {tuned['train_loss_first']:.2f} to "
+                         f"{tuned['train_loss_last']:.2f}"])  # fmt: skip
+        for length, point in entry.get("lengths", {}).items():
+            if "out_of_memory" in point:
+                rows.append([role, f"{int(length):,}", "-", "-", "-", "-", f"out of memory: {point['out_of_memory']}"])
+                continue
+            depths = " / ".join(f"{100 * value:.0f}" for value in point["by_depth"].values())
+            inside = point["needle_in_window"]
+            window = "" if inside == 1 else f"needle in the window: {100 * inside:.0f}%"
+            rows.append([role, f"{int(length):,}", f"{100 * point['accuracy']:.0f}%", depths,
+                         f"{point['seconds_per_haystack']:.3f}", f"{point['peak_memory_mib']:.0f}", window])
+    header = ["model", "tokens", "accuracy", "by depth (%)", "seconds per haystack", "peak MiB", ""]
+    paths = "; ".join(f"{role}: {entry['path']} ({entry.get('how', '')})" for role, entry in models.items())
+    return [f"Recipe: {results.get('recipe')}. Models: {paths}.", "", *table_lines(header, rows), ""]
+
+
 # ---------------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------------
 
 STAGE_FUNCTIONS = {"correctness": stage_correctness, "training": stage_training, "speed": stage_speed,
-                   "recall": stage_recall}
+                   "recall": stage_recall, "needle": stage_needle}
 
 
 def positive_seconds(text: str) -> float:
@@ -1325,7 +1453,8 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
                         help="torch threads (default: torch's own on a GPU machine; 1 with --device cpu, where toy "
                              "models run faster on one thread of a shared machine)")
     parser.add_argument("--commit", default=None, help="the commit of the tree, where git cannot tell (a copied tree)")
-    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ", ".join(STAGES))
+    parser.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                        help="comma-separated, from " + ", ".join(STAGES))
     for name in STAGES:
         parser.add_argument(f"--budget-{name}", type=positive_seconds, default=None, metavar="S",
                             help=f"seconds for the {name} stage (default {BUDGETS[name]:g}; "
@@ -1352,6 +1481,20 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
     parser.add_argument("--recall-vocabs", default=None,
                         help="vocabularies of the recall stage (default 20,30; 20 with --tiny)")
     parser.add_argument("--recall-lengths", default=None, help="its lengths (default 2048,8192; 32,64 with --tiny)")
+    parser.add_argument("--needle-model", type=Path, default=None,
+                        help="the needle stage's masked-LM checkpoint folder (with its tokenizer)")
+    parser.add_argument("--needle-baseline", type=Path, default=None,
+                        help="a second checkpoint for the needle stage, read as a model of a fixed window (the last "
+                             "tokens of a longer haystack): BERT")
+    parser.add_argument("--needle-texts", type=Path, default=None,
+                        help="a folder with train/, validation/ and test/ folders of text files (the haystacks)")
+    parser.add_argument("--needle-lengths", default=None,
+                        help="haystack lengths scored (default 32768,65536,131072; 256,512 with --tiny)")
+    parser.add_argument("--needle-train-length", type=int, default=None,
+                        help="the fine-tuning haystacks' length (default 8192; 128 with --tiny)")
+    parser.add_argument("--needle-learning-rate", type=float, default=1e-3,
+                        help="the fine-tuning learning rate (the one orchid-bert-long's settings chose on the "
+                             "validation haystacks of docs/results/needle.md)")
     parser.add_argument("--fail-stage", default=None, choices=STAGES,
                         help="raise an exception at the start of this stage (to see that the report records it and "
                              "the next stage runs)")
@@ -1369,11 +1512,22 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
         shapes = parse_shapes(args.speed_shapes, "speed_shapes") if args.speed_shapes else None
         vocabs = parse_lengths(args.recall_vocabs or ("20" if args.tiny else "20,30"), "recall_vocabs")
         lengths = parse_lengths(args.recall_lengths, "recall_lengths") if args.recall_lengths else None
+        needle_lengths = parse_lengths(args.needle_lengths or ("256,512" if args.tiny else "32768,65536,131072"),
+                                       "needle_lengths")  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
+    if "needle" in stages:
+        if args.needle_model is None or args.needle_texts is None:
+            parser.error("the needle stage needs --needle-model (a masked-LM checkpoint folder) and --needle-texts")
+        missing = [split for split in NEEDLE_SPLITS if not (args.needle_texts / split).is_dir()]
+        if missing:
+            parser.error(f"--needle-texts {args.needle_texts} has no folder {', '.join(missing)}: it needs "
+                         f"{', '.join(NEEDLE_SPLITS)}")  # fmt: skip
     budgets = dict(TINY_BUDGETS if args.tiny else BUDGETS)
     budgets.update({name: value for name in STAGES if (value := getattr(args, f"budget_{name}")) is not None})
-    check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads")
+    check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads", "--needle-train-length")
+    if not args.needle_learning_rate > 0:
+        parser.error(f"--needle-learning-rate must be > 0, got {args.needle_learning_rate}")
     sizes = TINY_SIZES if args.tiny else GPU_SIZES
     command = " ".join(["python3 scripts/gpu_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
     return CheckSettings(
@@ -1391,6 +1545,9 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
         mlm_steps=args.mlm_steps or (20 if args.tiny else MLM_STEPS),
         speed_shapes=shapes or list(sizes.speed_shapes), recall_vocabs=vocabs,
         recall_lengths=lengths or ([32, 64] if args.tiny else [2048, 8192]),
+        needle_model=args.needle_model, needle_baseline=args.needle_baseline, needle_texts=args.needle_texts,
+        needle_lengths=needle_lengths, needle_train_length=args.needle_train_length or (128 if args.tiny else 8192),
+        needle_learning_rate=args.needle_learning_rate,
     )
 
 

@@ -911,6 +911,7 @@ def run_needle_benchmark(
     device: str | None = None,
     save_model: bool = False,
     progress: bool = True,
+    heatmaps: bool = True,
 ) -> dict:
     """The benchmark of one masked-LM checkpoint: with ``finetune``, fine-tuned on ``train_examples`` haystacks of
     ``train_files`` for ``max_steps`` steps (or ``epochs`` passes) at each of ``learning_rates``, the learning rate
@@ -919,8 +920,8 @@ def run_needle_benchmark(
     longer ones (length generalisation); then scored on
     ``examples_per_cell`` haystacks of ``test_files`` per task, length and depth (:func:`score`). The three sets of
     files must not share a file. Writes to ``output_dir`` ``results.json`` (returned), ``predictions.jsonl`` (one
-    test haystack a line), ``heatmap_<task>.png`` (:func:`plot_heatmaps`) and, with ``save_model``, the fine-tuned
-    model and tokenizer in ``model/``."""
+    test haystack a line), with ``heatmaps`` ``heatmap_<task>.png`` (:func:`plot_heatmaps`, which needs matplotlib)
+    and, with ``save_model``, the fine-tuned model and tokenizer in ``model/``."""
     import json
 
     from transformers import AutoConfig
@@ -1003,7 +1004,8 @@ def run_needle_benchmark(
     with open(output_dir / "predictions.jsonl", "w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps({**record, "predicted": tokenizer.decode(record["predicted_ids"])}) + "\n")
-    plot_heatmaps(results, output_dir)
+    if heatmaps:
+        plot_heatmaps(results, output_dir)
     if save_model and finetune:
         model.save_pretrained(output_dir / "model")
         tokenizer.save_pretrained(output_dir / "model")

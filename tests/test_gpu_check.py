@@ -51,8 +51,8 @@ def test_every_stage_runs_at_toy_sizes_from_the_source_tree(tmp_path):
     assert data["finished"] and data["orchid_hf_source"].startswith("source tree")
     assert data["orchid_hf_source"].endswith(f"({REPO_ROOT / 'orchid_hf'})")
     stages = data["stages"]
-    assert list(stages) == list(gpu.STAGES)
-    assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(gpu.STAGES, "completed")
+    assert list(stages) == list(gpu.DEFAULT_STAGES)
+    assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(gpu.DEFAULT_STAGES, "completed")
 
     correctness = stages["correctness"]["results"]
     assert correctness["passed"], [check for check in correctness["checks"] if not check["passed"]]
@@ -245,9 +245,11 @@ def test_out_defaults_to_the_environment_and_cuda_is_refused_without_a_gpu(monke
 def test_the_default_budgets_fit_eight_minutes():
     # The run ends at its total budget at the latest, plus the grace period of the stage running then; Python and
     # torch start before the budget's clock does.
-    assert sum(gpu.BUDGETS.values()) < gpu.TOTAL_BUDGET_S
+    assert sum(gpu.BUDGETS[name] for name in gpu.DEFAULT_STAGES) < gpu.TOTAL_BUDGET_S
     assert gpu.TOTAL_BUDGET_S + max(map(gpu.hard_stop_grace, gpu.BUDGETS.values())) + 10 < 8 * 60
     assert set(gpu.BUDGETS) == set(gpu.STAGES) == set(gpu.TINY_BUDGETS)
+    # The needle stage is a call of its own, of five minutes at most.
+    assert gpu.BUDGETS["needle"] + gpu.hard_stop_grace(gpu.BUDGETS["needle"]) + 30 < 5 * 60
 
 
 def test_the_loader_follows_pyprojects_package_dirs():
@@ -324,3 +326,65 @@ def test_the_docs_give_the_budgets_the_script_uses():
         assert f"| `{name}` | {budget:g} |" in section
     assert f"budget of {gpu.TOTAL_BUDGET_S:g} s" in section
     assert f"{gpu.MLM_LAYERS} of its layers" in section and f"for {gpu.MLM_STEPS} steps" in section
+
+
+@pytest.fixture(scope="module")
+def needle_inputs(tmp_path_factory):
+    """The needle stage's inputs: generated novels in train/, validation/ and test/, and tiny masked LMs of 128
+    positions with their tokenizer, Orchid without a position table (as orchid-bert-long) and BERT."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from orchid_hf import OrchidConfig, OrchidForMaskedLM
+    from tests.test_needle import write_novel, write_vocabulary
+
+    root = tmp_path_factory.mktemp("needle-stage")
+    for split, seed in (("train", 1), ("validation", 2), ("test", 3)):
+        (root / "texts" / split).mkdir(parents=True)
+        write_novel(root / "texts" / split / f"novel{seed}.txt", seed)
+    tokenizer = write_vocabulary(root / "tokenizer")
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                  max_position_embeddings=128, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    models = {"orchid": OrchidForMaskedLM(OrchidConfig(**common, filter_width=16, position_embedding_type="none")),
+              "bert": BertForMaskedLM(BertConfig(**common, num_attention_heads=2))}  # fmt: skip
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+def test_the_needle_stage_fine_tunes_and_scores_longer_haystacks(tmp_path, needle_inputs):
+    out = tmp_path / "out"
+    data = gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--stages", "needle",
+                     "--needle-model", str(needle_inputs / "orchid"), "--needle-baseline", str(needle_inputs / "bert"),
+                     "--needle-texts", str(needle_inputs / "texts")])  # fmt: skip
+    stage = read_report(out)["stages"]["needle"]
+    assert list(data["stages"]) == ["needle"] and stage["status"] == "completed", stage.get("error")
+    models = stage["results"]["models"]
+    for role, window in (("model", 512), ("baseline", 128)):
+        entry = models[role]
+        assert entry["finetuning"]["train_seconds"] > 0 and 0 <= entry["finetuning"]["validation_accuracy"] <= 1
+        assert list(entry["lengths"]) == ["128", "256", "512"]
+        for length, point in entry["lengths"].items():
+            assert point["haystacks"] == 2 and list(point["by_depth"]) == ["0", "100"]
+            assert 0 <= point["accuracy"] <= 1 and point["seconds_per_haystack"] > 0 and point["peak_memory_mib"] > 0
+            assert point["read_tokens"] == min(int(length), window)
+    # Orchid reads every haystack whole; BERT's window of 128 tokens holds the needle at depth 100% but not at 0%.
+    assert all(point["needle_in_window"] == 1 for point in models["model"]["lengths"].values())
+    assert models["baseline"]["lengths"]["512"]["needle_in_window"] == 0.5
+    markdown = (out / gpu.MARKDOWN_NAME).read_text()
+    assert "## Needle" in markdown and "| baseline | 512 |" in markdown and "needle in the window: 50%" in markdown
+    assert "fine-tuned for 2 steps of 2 haystacks of 128 tokens" in markdown
+
+
+def test_the_needle_stage_needs_its_inputs(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("OUT", raising=False)
+    assert gpu.parse_args(["--device", "cpu", "--out", "x"]).stages == list(gpu.DEFAULT_STAGES)
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--out", "x", "--stages", "needle", "--needle-texts", str(tmp_path)])
+    assert "the needle stage needs --needle-model" in capsys.readouterr().err
+    (tmp_path / "train").mkdir()
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--out", "x", "--stages", "needle", "--needle-model", "m",
+                        "--needle-texts", str(tmp_path)])  # fmt: skip
+    assert f"--needle-texts {tmp_path} has no folder validation, test" in capsys.readouterr().err
