@@ -14,12 +14,12 @@
 #
 # PATCHES (default "4 2") and MODELS (default "vit orchid-1d orchid-2d orchid-2d-hybrid") narrow the runs; THREADS
 # (default 1) threads per run; JOBS (default 2) runs at a time, so that the two cores are shared alike by the models
-# compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of
-# every run, a random subset of that many (a fraction of an epoch, the budget of a CPU); EPOCHS (default 1) the
-# passes over them;
-# LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; SEEDS (default "0 1") the seeds trained at the chosen rate; BLOCK_PREFIX (default none) the prefix of the report's blocks,
-# for a second set of runs on the same page (with its own OUT and RESULTS); README_FILE (default README.md) the file
-# whose images-2d headline block the report fills ('' for none).
+# compared; NICE (default 0) their niceness; TRAIN_IMAGES (default 15000) the training images of every run, a random
+# subset of that many (a fraction of an epoch, the budget of a CPU); EPOCHS (default 1) the passes over them;
+# LEARNING_RATES (default "1e-3 2e-3 4e-3") the grid; SEEDS (default "0 1") the seeds trained at the chosen rate;
+# BLOCK_PREFIX (default none) the prefix of the report's blocks, for a second set of runs on the same page (with its
+# own OUT and RESULTS); README_FILE (default README.md) the file whose images-2d headline block the report fills
+# ('' for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
