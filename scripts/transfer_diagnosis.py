@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT))  # experiments/ is not installed
 
 import torch  # noqa: E402
 
-from benchmarks.harness import provenance, write_json  # noqa: E402
 from experiments.transfer import diagnose, report  # noqa: E402
 
 
@@ -55,8 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "filters":
         records = [diagnose.filter_record(folder) for folder in args.models]
         for record in records:
-            write_json(Path(args.results_dir) / f"filters-{record['model']}.json",
-                       {**record, **provenance(torch.get_num_threads())})  # fmt: skip
+            diagnose.write_result(args.results_dir, f"filters-{record['model']}", record)
         print(diagnose.filter_table(records))
         return
     ws = diagnose.Workspace(args.data_dir, args.vocab_dir, args.work_dir, args.results_dir)

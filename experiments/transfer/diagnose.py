@@ -58,6 +58,11 @@ def parse_name(name: str) -> dict:
     return spec
 
 
+def write_result(results_dir: str | Path, name: str, result: dict) -> Path:
+    """A result as ``NAME.json`` in ``results_dir``, with the commit and the machine it was measured on."""
+    return write_json(Path(results_dir) / f"{name}.json", {**result, **provenance(torch.get_num_threads())})
+
+
 class Workspace:
     """The diagnosis's corpus (cached under the work folder), its tokenizer, and where its results go."""
 
@@ -77,8 +82,7 @@ class Workspace:
         return BertTokenizer.from_pretrained(str(self.vocab_dir), do_lower_case=True)
 
     def write(self, name: str, result: dict) -> Path:
-        """A result as ``NAME.json`` in the results folder, with the commit and the machine it was measured on."""
-        return write_json(self.results / f"{name}.json", {**result, **provenance(torch.get_num_threads())})
+        return write_result(self.results, name, result)
 
     def mlm_model(self, name: str, batch_size: int = 32):
         """The named masked-LM model: built (random) or pretrained and cached under the work folder."""
