@@ -400,9 +400,11 @@ def load_model(model_name_or_path: str | Path, lengths: Sequence[int], max_lengt
                truncation_side: str | None = None, device: str | torch.device = "cpu"):  # fmt: skip
     """``(model, window, how)``: the masked LM of ``model_name_or_path`` (Orchid through the Auto classes, BERT, any
     ``AutoModelForMaskedLM``) on ``device`` and the tokens it reads: ``max_length`` if given, otherwise an Orchid
-    model's longest haystack (its context extended without training where it has fewer positions,
-    :func:`experiments.real_data.long_context.load_masked_lm`) and another model's ``max_position_embeddings``. A
-    ``ValueError`` when a haystack is longer than the window and ``truncation_side`` is not ``"left"``."""
+    model's longest haystack and another model's ``max_position_embeddings``. A model with fewer positions than its
+    window is extended without training: Orchid's context
+    (:func:`experiments.real_data.long_context.load_masked_lm`), another model's learned position table by
+    :func:`repeat_positions`. A ``ValueError`` when a haystack is longer than the window and ``truncation_side`` is
+    not ``"left"``."""
     from transformers import AutoConfig
 
     from experiments.real_data.long_context import load_masked_lm
@@ -411,9 +413,6 @@ def load_model(model_name_or_path: str | Path, lengths: Sequence[int], max_lengt
     positions = getattr(config, "max_position_embeddings", None)
     orchid = config.model_type == "orchid"
     window = max_length or (max(lengths) if orchid or positions is None else positions)
-    if positions is not None and window > positions and not orchid:
-        raise ValueError(f"max_length {window} is longer than the {config.model_type} model's "
-                         f"{positions} positions")  # fmt: skip
     if truncation_side is not None and truncation_side not in TRUNCATION_SIDES:
         raise ValueError(f"truncation_side must be one of {TRUNCATION_SIDES} (the question is at the end) or None, "
                          f"got {truncation_side!r}")  # fmt: skip
@@ -427,9 +426,37 @@ def load_model(model_name_or_path: str | Path, lengths: Sequence[int], max_lengt
         from transformers import AutoModelForMaskedLM
 
         model, how = AutoModelForMaskedLM.from_pretrained(model_name_or_path), "as trained"
+        if positions is not None and window > positions:
+            model = repeat_positions(model, window)
+            how = f"positions extended from {positions} to {window} by repeating its learned rows, without training"
     if max(lengths) > window:
         how += f", reading [CLS] and the last {window - 1} tokens of longer haystacks"
     return model.to(device), window, how
+
+
+def repeat_positions(model, length: int):
+    """``model``, a masked LM with a learned table of absolute positions (BERT's ``embeddings.position_embeddings``),
+    rebuilt for ``length`` positions with its learned rows repeated over the new ones, as Longformer extended
+    RoBERTa's 512 positions (Beltagy et al., 2020) and as Orchid's ``resize_position_embeddings`` extends its own
+    table: an input no longer than the old table reads exactly as before, and a longer one sees positions that the
+    model learns to tell apart by training at the new length. A ``ValueError`` for a model without one such table."""
+    import copy
+
+    from transformers import AutoModelForMaskedLM
+
+    state = model.state_dict()
+    keys = [key for key in state if key.endswith("embeddings.position_embeddings.weight")]
+    if len(keys) != 1:
+        raise ValueError(f"a {model.config.model_type} model reads at most its {model.config.max_position_embeddings} "
+                         f"positions: it has no learned position table (embeddings.position_embeddings) to extend to "
+                         f"{length}")  # fmt: skip
+    table = state[keys[0]]
+    state[keys[0]] = table[torch.arange(length) % table.shape[0]]
+    config = copy.deepcopy(model.config)
+    config.max_position_embeddings = length
+    longer = AutoModelForMaskedLM.from_config(config)
+    longer.load_state_dict(state)
+    return longer.to(table.dtype)
 
 
 def load_tokenizer(model_name_or_path: str | Path, tokenizer_name: str | Path | None = None):

@@ -77,8 +77,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
     parser.add_argument("--truncation_side", default=None,
                         help="'left': a haystack longer than the model's window is read from its end.")  # fmt: skip
     parser.add_argument("--max_length", type=int, default=None,
-                        help="The model's window in tokens (default: an Orchid model's longest haystack, extended "
-                        "without training if needed; another model's max_position_embeddings).")  # fmt: skip
+                        help="The model's window in tokens (default: an Orchid model's longest haystack; another "
+                        "model's max_position_embeddings). A model with fewer positions is extended without training "
+                        "(BERT: its learned position rows repeated, as Longformer extended RoBERTa).")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="Seed of the haystacks and of training.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's).")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one).")

@@ -364,6 +364,27 @@ def test_orchid_and_bert_folders_are_scored_end_to_end(corpus, tmp_path):
     )
 
 
+def test_bert_at_full_length_repeats_its_learned_positions(corpus, builder):
+    """``max_length`` past a BERT's positions extends its table by repeating the learned rows: a haystack no longer
+    than the old table reads exactly as before, a longer one is read whole (no needle outside the window)."""
+    from experiments.needle import load_model
+
+    bert = BertForMaskedLM.from_pretrained(corpus.bert).eval()
+    model, window, how = load_model(corpus.bert, [128, 256], max_length=256)
+    model.eval()
+    assert window == 256 and model.config.max_position_embeddings == 256
+    assert how == "positions extended from 128 to 256 by repeating its learned rows, without training"
+    table, old = model.bert.embeddings.position_embeddings.weight, bert.bert.embeddings.position_embeddings.weight
+    assert torch.equal(table[:128], old) and torch.equal(table[128:], old)
+    short = torch.tensor([builder.build("passkey", 128, 50, "a").input_ids])
+    long = torch.tensor([builder.build("passkey", 256, 50, "a").input_ids])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=short).logits, bert(input_ids=short).logits)
+        assert model(input_ids=long).logits.shape[1] == 256
+    records, _ = score(model, [builder.build("passkey", 256, 0, "a")], window, progress=False)
+    assert records[0]["in_window"]
+
+
 def test_the_learning_rate_is_the_best_on_validation_and_flagged_at_an_edge():
     def runs(*points):
         return [{"accuracy": accuracy, "loss": loss} for accuracy, loss in points]
