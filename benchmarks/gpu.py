@@ -16,8 +16,9 @@ Stages (``--stages``, in this order):
 - ``recall``: associative recall at long lengths through ``experiments/recall.py``: accuracy on a held-out set
   against training steps.
 - ``needle`` (only when named in ``--stages``: it needs a checkpoint and texts): the needle benchmark's pass key
-  (``experiments/needle.py``) fine-tuned at ``--needle-train-length`` tokens and scored at lengths beyond a CPU's
-  reach, from 32K to 128K tokens: accuracy by depth, seconds per haystack, peak memory.
+  (``experiments/needle.py``) fine-tuned up a ladder of lengths (``--needle-train-lengths``, 128 to 8,192 tokens)
+  and scored at lengths beyond a CPU's reach, from 32K to 128K tokens: accuracy by depth, seconds per haystack, peak
+  memory.
 
 Budgets: a stage checks its deadline between points and steps; one that reaches it ends there and is reported as
 ``cut``, with what it measured by then. A step that does not return in time is interrupted (SIGALRM) a grace period
@@ -122,7 +123,7 @@ class Sizes:
     needle_examples: int  # test haystacks per depth and length
     needle_train_examples: int
     needle_batch: int
-    needle_steps: int
+    needle_steps: int  # per length of the ladder
 
 
 GPU_SIZES = Sizes(
@@ -132,7 +133,7 @@ GPU_SIZES = Sizes(
     speed_shapes=((8, 128), (8, 512)) + tuple((1, 2**k) for k in range(11, 17)), speed_repeats=5, compiled_shapes=8,
     recall_batch=64, recall_eval_size=500, recall_probe_steps=10, recall_max_steps=None,
     needle_depths=(0, 25, 50, 75, 100), needle_examples=4, needle_train_examples=4096, needle_batch=8,
-    needle_steps=500,
+    needle_steps=1000,
 )  # fmt: skip
 TINY_SIZES = Sizes(
     head_hidden=32, head_length=32, wide_hidden=64, wide_length=64, operator_width=16, operator_length=48,
@@ -170,7 +171,7 @@ class CheckSettings:
     needle_baseline: Path | None = None
     needle_texts: Path | None = None
     needle_lengths: list[int] = dataclasses.field(default_factory=list)
-    needle_train_length: int = 0
+    needle_train_lengths: list[int] = dataclasses.field(default_factory=list)
     needle_learning_rate: float = 0.0
     started: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -1174,9 +1175,11 @@ def needle_length_entry(results: dict, length: int) -> dict:
 def stage_needle(stage: Stage) -> None:
     """The needle benchmark's pass key (``experiments/needle.py``) for ``--needle-model`` and, where given,
     ``--needle-baseline`` (a model of a fixed window, BERT say, which reads the last tokens of a longer haystack):
-    each fine-tuned on pass-key haystacks of ``--needle-train-length`` tokens from the texts' ``train/`` files at
-    ``--needle-learning-rate`` (its accuracy on haystacks of that length from ``validation/`` recorded), then scored
-    on haystacks from ``test/`` at that length and at each of ``--needle-lengths``, shortest first; a length that
+    each fine-tuned at ``--needle-learning-rate`` on pass-key haystacks from the texts' ``train/`` files at each of
+    ``--needle-train-lengths`` in turn, every length from the model the last one left (a model fine-tuned straight at
+    2,048 tokens stays at chance, one that learned the pass key at 128 tokens first learns it there: the curriculum
+    of docs/results/needle.md), its accuracy on haystacks of that length from ``validation/`` and ``test/``
+    recorded; then scored on haystacks from ``test/`` at each of ``--needle-lengths``, shortest first; a length that
     does not fit in the device's memory ends that model's lengths."""
     from experiments.needle import run_needle_benchmark
 
@@ -1185,39 +1188,43 @@ def stage_needle(stage: Stage) -> None:
     models = [("model", settings.needle_model, None)]
     if settings.needle_baseline is not None:
         models.append(("baseline", settings.needle_baseline, "left"))
+    ladder = settings.needle_train_lengths
     stage.results["recipe"] = (
-        f"pass key; fine-tuned for {sizes.needle_steps} steps of {sizes.needle_batch} haystacks of "
-        f"{settings.needle_train_length} tokens ({sizes.needle_train_examples} drawn from the train files) at lr "
-        f"{settings.needle_learning_rate:g}; {sizes.needle_examples} test haystacks per depth "
+        f"pass key; fine-tuned for {sizes.needle_steps} steps of {sizes.needle_batch} haystacks at each of "
+        f"{', '.join(f'{n:,}' for n in ladder)} tokens in turn ({sizes.needle_train_examples} a length, drawn from "
+        f"the train files) at lr {settings.needle_learning_rate:g}; {sizes.needle_examples} test haystacks per depth "
         f"({', '.join(f'{d:g}%' for d in sizes.needle_depths)}) and length")
     runs = stage.results.setdefault("models", {})
     common = dict(tasks=("passkey",), depths=sizes.needle_depths, examples_per_cell=sizes.needle_examples,
                   device=str(stage.device), progress=False, heatmaps=False)  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
         for role, path, truncation in models:
-            entry = runs.setdefault(role, {"path": str(path), "lengths": {}})
-            stage.log(f"{role}: fine-tuning at {settings.needle_train_length} tokens")
-            with warnings.catch_warnings():  # one learning rate, on purpose: its "edge of the grid" warning is moot
-                warnings.filterwarnings("ignore", message="the best learning rate on the validation haystacks")
-                tuned = run_needle_benchmark(
-                    path, texts["test"], Path(work) / role, train_files=texts["train"],
-                    validation_files=texts["validation"], lengths=(settings.needle_train_length,),
-                    learning_rates=(settings.needle_learning_rate,), train_examples=sizes.needle_train_examples,
-                    max_steps=sizes.needle_steps, batch_size=sizes.needle_batch, truncation_side=truncation,
-                    save_model=True, **common)  # fmt: skip
-            run = tuned["finetuning"]["runs"][0]
-            entry["how"] = tuned["how"]
-            entry["finetuning"] = {key: run[key] for key in ("train_seconds", "train_loss_first", "train_loss_last",
-                                                             "validation_accuracy")}  # fmt: skip
-            trained = settings.needle_train_length
-            entry["lengths"][str(trained)] = needle_length_entry(tuned, trained)
-            stage.save()
+            entry = runs.setdefault(role, {"path": str(path), "lengths": {}, "finetuning": []})
+            model = path
+            for length in ladder:
+                stage.check()
+                stage.log(f"{role}: fine-tuning at {length} tokens")
+                with warnings.catch_warnings():  # one learning rate, on purpose: its "edge of the grid" warning is moot
+                    warnings.filterwarnings("ignore", message="the best learning rate on the validation haystacks")
+                    tuned = run_needle_benchmark(
+                        model, texts["test"], Path(work) / f"{role}-train{length}", train_files=texts["train"],
+                        validation_files=texts["validation"], lengths=(length,),
+                        learning_rates=(settings.needle_learning_rate,), train_examples=sizes.needle_train_examples,
+                        max_steps=sizes.needle_steps, batch_size=sizes.needle_batch, truncation_side=truncation,
+                        save_model=True, **common)  # fmt: skip
+                model = Path(work) / f"{role}-train{length}" / "model"
+                run = tuned["finetuning"]["runs"][0]
+                entry["how"] = tuned["how"]
+                entry["finetuning"].append({"length": length, **{key: run[key] for key in (
+                    "train_seconds", "train_loss_first", "train_loss_last", "validation_accuracy")}})  # fmt: skip
+                entry["lengths"][str(length)] = needle_length_entry(tuned, length)
+                stage.save()
             for length in settings.needle_lengths:
                 stage.check()
                 try:
-                    scored = run_needle_benchmark(Path(work) / role / "model", texts["test"],
-                                                  Path(work) / f"{role}-{length}", lengths=(length,), finetune=False,
-                                                  truncation_side=truncation, **common)  # fmt: skip
+                    scored = run_needle_benchmark(model, texts["test"], Path(work) / f"{role}-{length}",
+                                                  lengths=(length,), finetune=False, truncation_side=truncation,
+                                                  **common)  # fmt: skip
                 except Exception as error:
                     if not is_out_of_memory(error):
                         raise
@@ -1404,11 +1411,10 @@ def markdown_recall(results: dict) -> list[str]:
 def markdown_needle(results: dict) -> list[str]:
     rows, models = [], results.get("models", {})
     for role, entry in models.items():
-        tuned = entry.get("finetuning")
-        if tuned:
-            rows.append([role, "fine-tuning", f"{100 * tuned['validation_accuracy']:.0f}% (validation)", "", "", "",
-                         f"{tuned['train_seconds']:.0f} s, training loss {tuned['train_loss_first']:.2f} to "
-                         f"{tuned['train_loss_last']:.2f}"])  # fmt: skip
+        for tuned in entry.get("finetuning", []):
+            rows.append([role, f"fine-tuning at {tuned['length']:,}", f"{100 * tuned['validation_accuracy']:.0f}% "
+                         "(validation)", "", "", "", f"{tuned['train_seconds']:.0f} s, training loss "
+                         f"{tuned['train_loss_first']:.2f} to {tuned['train_loss_last']:.2f}"])  # fmt: skip
         for length, point in entry.get("lengths", {}).items():
             if "out_of_memory" in point:
                 rows.append([role, f"{int(length):,}", "-", "-", "-", "-", f"out of memory: {point['out_of_memory']}"])
@@ -1488,8 +1494,9 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
                         help="a folder with train/, validation/ and test/ folders of text files (the haystacks)")
     parser.add_argument("--needle-lengths", default=None,
                         help="haystack lengths scored (default 32768,65536,131072; 256,512 with --tiny)")
-    parser.add_argument("--needle-train-length", type=int, default=None,
-                        help="the fine-tuning haystacks' length (default 8192; 128 with --tiny)")
+    parser.add_argument("--needle-train-lengths", default=None,
+                        help="the fine-tuning haystacks' lengths, trained in turn, each from the model the last left "
+                             "(default 128,512,2048,8192; 64,128 with --tiny)")
     parser.add_argument("--needle-learning-rate", type=float, default=1e-3,
                         help="the fine-tuning learning rate (the one orchid-bert-long's settings chose on the "
                              "validation haystacks of docs/results/needle.md)")
@@ -1512,6 +1519,8 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
         lengths = parse_lengths(args.recall_lengths, "recall_lengths") if args.recall_lengths else None
         needle_lengths = parse_lengths(args.needle_lengths or ("256,512" if args.tiny else "32768,65536,131072"),
                                        "needle_lengths")  # fmt: skip
+        needle_ladder = parse_lengths(args.needle_train_lengths or ("64,128" if args.tiny else "128,512,2048,8192"),
+                                      "needle_train_lengths")  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
     if "needle" in stages:
@@ -1523,7 +1532,7 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
                          f"{', '.join(NEEDLE_SPLITS)}")  # fmt: skip
     budgets = dict(TINY_BUDGETS if args.tiny else BUDGETS)
     budgets.update({name: value for name in STAGES if (value := getattr(args, f"budget_{name}")) is not None})
-    check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads", "--needle-train-length")
+    check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads")
     if not args.needle_learning_rate > 0:
         parser.error(f"--needle-learning-rate must be > 0, got {args.needle_learning_rate}")
     sizes = TINY_SIZES if args.tiny else GPU_SIZES
@@ -1544,7 +1553,7 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
         speed_shapes=shapes or list(sizes.speed_shapes), recall_vocabs=vocabs,
         recall_lengths=lengths or ([32, 64] if args.tiny else [2048, 8192]),
         needle_model=args.needle_model, needle_baseline=args.needle_baseline, needle_texts=args.needle_texts,
-        needle_lengths=needle_lengths, needle_train_length=args.needle_train_length or (128 if args.tiny else 8192),
+        needle_lengths=needle_lengths, needle_train_lengths=needle_ladder,
         needle_learning_rate=args.needle_learning_rate,
     )
 

@@ -363,8 +363,10 @@ def test_the_needle_stage_fine_tunes_and_scores_longer_haystacks(tmp_path, needl
     models = stage["results"]["models"]
     for role, window in (("model", 512), ("baseline", 128)):
         entry = models[role]
-        assert entry["finetuning"]["train_seconds"] > 0 and 0 <= entry["finetuning"]["validation_accuracy"] <= 1
-        assert list(entry["lengths"]) == ["128", "256", "512"]
+        # Fine-tuned up the ladder, each length from the model the last one left, then scored at the longer ones.
+        assert [rung["length"] for rung in entry["finetuning"]] == [64, 128]
+        assert all(rung["train_seconds"] > 0 and 0 <= rung["validation_accuracy"] <= 1 for rung in entry["finetuning"])
+        assert list(entry["lengths"]) == ["64", "128", "256", "512"]
         for length, point in entry["lengths"].items():
             assert point["haystacks"] == 2 and list(point["by_depth"]) == ["0", "100"]
             assert 0 <= point["accuracy"] <= 1 and point["seconds_per_haystack"] > 0 and point["peak_memory_mib"] > 0
@@ -374,7 +376,8 @@ def test_the_needle_stage_fine_tunes_and_scores_longer_haystacks(tmp_path, needl
     assert models["baseline"]["lengths"]["512"]["needle_in_window"] == 0.5
     markdown = (out / gpu.MARKDOWN_NAME).read_text()
     assert "## Needle" in markdown and "| baseline | 512 |" in markdown and "needle in the window: 50%" in markdown
-    assert "fine-tuned for 2 steps of 2 haystacks of 128 tokens" in markdown
+    assert "fine-tuned for 2 steps of 2 haystacks at each of 64, 128 tokens in turn" in markdown
+    assert "| model | fine-tuning at 64 |" in markdown and "| baseline | fine-tuning at 128 |" in markdown
 
 
 def test_the_needle_stage_needs_its_inputs(monkeypatch, capsys, tmp_path):
@@ -388,3 +391,7 @@ def test_the_needle_stage_needs_its_inputs(monkeypatch, capsys, tmp_path):
         gpu.parse_args(["--device", "cpu", "--out", "x", "--stages", "needle", "--needle-model", "m",
                         "--needle-texts", str(tmp_path)])  # fmt: skip
     assert f"--needle-texts {tmp_path} has no folder validation, test" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--out", "x", "--needle-train-lengths", "128,0"])
+    assert "needle_train_lengths must be comma-separated positive integers" in capsys.readouterr().err
+    assert gpu.parse_args(["--device", "cpu", "--out", "x"]).needle_train_lengths == [128, 512, 2048, 8192]
