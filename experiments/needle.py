@@ -842,7 +842,8 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
     their mean and each seed's value), marked where some needles stood outside the window; the time and memory of
     reading a haystack and the time of a fine-tuning step; and, for each ``(first, second)`` of ``compare``, the
     difference of their accuracies per task and length with its 95% interval over seeds
-    (:func:`experiments.real_data.report.comparison_words`: no difference is stated below three seeds a model)."""
+    (:func:`experiments.real_data.report.comparison_words`: no difference is stated below three seeds a model).
+    The columns are every length some model was scored at; "–" where a model was not."""
     from experiments.real_data.report import comparison_words, difference_interval
 
     for label, group in runs.items():
@@ -855,12 +856,14 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
         for label in pair:
             if label not in runs:
                 raise ValueError(f"compare names {label!r}, which is not among the runs {list(runs)}")
-    lengths = next(iter(runs.values()))[0]["lengths"]
+    lengths = sorted({length for group in runs.values() for length in group[0]["lengths"]})
 
     def accuracies(group: Sequence[dict], task: str, length: int) -> list[float]:
         return [mean_accuracy(r, task, length) for r in group]
 
     def cell(group: Sequence[dict], task: str, length: int) -> str:
+        if length not in group[0]["lengths"]:
+            return "–"
         values = accuracies(group, task, length)
         text = f"{100 * statistics.mean(values):.0f}%"
         if len(values) > 1:
@@ -877,9 +880,13 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
         rates = sorted({t["best_learning_rate"] for t in tuned})
         steps = [next(run["train_seconds"] for run in t["runs"] if run["learning_rate"] == t["best_learning_rate"])
                  / t["steps"] for t in tuned]  # fmt: skip
-        trained = ", ".join(f"{n:,}" for n in group[0].get("train_lengths") or lengths) if tuned else "not fine-tuned"
+        trained = (", ".join(f"{n:,}" for n in group[0].get("train_lengths") or group[0]["lengths"]) if tuned
+                   else "not fine-tuned")  # fmt: skip
         speed = []
         for length in lengths:
+            if length not in group[0]["lengths"]:
+                speed.append("–")
+                continue
             entries = [r["speed_and_memory"][str(length)] for r in group]
             milliseconds = 1000 * statistics.mean(e["seconds_per_example"] for e in entries)
             speed.append(f"{milliseconds:.0f}, {max(e['peak_memory_mib'] for e in entries):.0f}")
@@ -892,6 +899,8 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
         lines += ["", f"{first} against {second}:", ""]
         for task in runs[first][0]["tasks"]:
             for length in lengths:
+                if not all(length in runs[label][0]["lengths"] for label in (first, second)):
+                    continue
                 a, b = accuracies(runs[first], task, length), accuracies(runs[second], task, length)
                 if min(len(a), len(b)) < 2:
                     words = (f"no difference stated ({first} − {second}: "

@@ -514,6 +514,16 @@ def test_the_report_puts_seeds_side_by_side_and_sizes_differences_by_them(tmp_pa
     assert "- passkey, 2,048 tokens: no difference stated (Orchid − BERT: +86.0 points; fewer than 3 seeds)" in two
     one = report({"Orchid": orchid[:1], "BERT": bert[:1]}, [("Orchid", "BERT")])
     assert "fewer than 3 seeds" in one and "| Orchid | passkey | 100% | 90% |" in one
+    # Models scored at different lengths: every length is a column, "–" where a model was not scored, and only
+    # the lengths both were scored at are compared.
+    longer = [fake_run(s, {2048: 0.5, 8192: 0.2}) for s in range(3)]
+    mixed = report({"Orchid": orchid, "longer": longer}, [("Orchid", "longer")])
+    assert "| Orchid | passkey | 100% (100 / 100 / 100) | 92% (90 / 92 / 94) | – |" in mixed
+    assert "| longer | passkey | – | 50% (50 / 50 / 50) | 20% (20 / 20 / 20) |" in mixed
+    assert "| Orchid | 128 | 0.001 | 0, 1, 2 | 0.50 | 1, 1 | 20, 20 | – |" in mixed
+    assert "| longer | 128 | 0.001 | 0, 1, 2 | 0.50 | – | 20, 20 | 82, 82 |" in mixed
+    assert "- passkey, 2,048 tokens: Orchid beats longer" in mixed and "- passkey, 128 tokens" not in mixed
+    assert "- passkey, 8,192 tokens" not in mixed
     with pytest.raises(ValueError, match="compare names 'ViT', which is not among the runs"):
         report({"Orchid": orchid}, [("Orchid", "ViT")])
     with pytest.raises(ValueError, match="the runs of 'Orchid' differ in tasks, lengths or depths"):
