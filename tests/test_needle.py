@@ -383,6 +383,16 @@ def test_bert_at_full_length_repeats_its_learned_positions(corpus, builder):
         assert model(input_ids=long).logits.shape[1] == 256
     records, _ = score(model, [builder.build("passkey", 256, 0, "a")], window, progress=False)
     assert records[0]["in_window"]
+    # A model whose positions are not a learned table (RoFormer's rotary ones) is refused, naming its positions.
+    from transformers import RoFormerConfig, RoFormerForMaskedLM
+
+    from experiments.needle import repeat_positions
+
+    roformer = RoFormerForMaskedLM(RoFormerConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                  num_attention_heads=2, intermediate_size=32,
+                                                  max_position_embeddings=128))  # fmt: skip
+    with pytest.raises(ValueError, match="roformer model reads at most its 128 positions: .* to extend to 256"):
+        repeat_positions(roformer, 256)
 
 
 def test_the_learning_rate_is_the_best_on_validation_and_flagged_at_an_edge():
