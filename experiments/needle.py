@@ -856,14 +856,16 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
         for label in pair:
             if label not in runs:
                 raise ValueError(f"compare names {label!r}, which is not among the runs {list(runs)}")
-    lengths = sorted({length for group in runs.values() for length in group[0]["lengths"]})
+    scored = {label: set(group[0]["lengths"]) for label, group in runs.items()}  # the lengths each model was scored at
+    lengths = sorted(set().union(*scored.values()))
 
     def accuracies(group: Sequence[dict], task: str, length: int) -> list[float]:
         return [mean_accuracy(r, task, length) for r in group]
 
-    def cell(group: Sequence[dict], task: str, length: int) -> str:
-        if length not in group[0]["lengths"]:
+    def cell(label: str, task: str, length: int) -> str:
+        if length not in scored[label]:
             return "–"
+        group = runs[label]
         values = accuracies(group, task, length)
         text = f"{100 * statistics.mean(values):.0f}%"
         if len(values) > 1:
@@ -871,7 +873,7 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
         return text + ("†" if any(r["outside_window"][task][str(length)] for r in group) else "")
 
     lines = table_lines(["model", "task", *(f"{length:,} tokens" for length in lengths)],
-                        [[label, task, *(cell(group, task, n) for n in lengths)]
+                        [[label, task, *(cell(label, task, n) for n in lengths)]
                          for label, group in runs.items() for task in group[0]["tasks"]])  # fmt: skip
     lines += ["", "† some needles stood outside the model's window (it reads the end of the haystack).", ""]
     rows = []
@@ -884,7 +886,7 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
                    else "not fine-tuned")  # fmt: skip
         speed = []
         for length in lengths:
-            if length not in group[0]["lengths"]:
+            if length not in scored[label]:
                 speed.append("–")
                 continue
             entries = [r["speed_and_memory"][str(length)] for r in group]
@@ -899,7 +901,7 @@ def report(runs: dict[str, Sequence[dict]], compare: Sequence[tuple[str, str]] =
         lines += ["", f"{first} against {second}:", ""]
         for task in runs[first][0]["tasks"]:
             for length in lengths:
-                if not all(length in runs[label][0]["lengths"] for label in (first, second)):
+                if length not in scored[first] & scored[second]:
                     continue
                 a, b = accuracies(runs[first], task, length), accuracies(runs[second], task, length)
                 if min(len(a), len(b)) < 2:
