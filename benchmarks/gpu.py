@@ -173,6 +173,7 @@ class CheckSettings:
     needle_lengths: list[int] = dataclasses.field(default_factory=list)
     needle_train_lengths: list[int] = dataclasses.field(default_factory=list)
     needle_learning_rate: float = 0.0
+    needle_baseline_learning_rate: float = 0.0
     started: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
@@ -1175,31 +1176,35 @@ def needle_length_entry(results: dict, length: int) -> dict:
 def stage_needle(stage: Stage) -> None:
     """The needle benchmark's pass key (``experiments/needle.py``) for ``--needle-model`` and, where given,
     ``--needle-baseline`` (a model of a fixed window, BERT say, which reads the last tokens of a longer haystack):
-    each fine-tuned at ``--needle-learning-rate`` on pass-key haystacks from the texts' ``train/`` files at each of
-    ``--needle-train-lengths`` in turn, every length from the model the last one left (a model fine-tuned straight at
-    2,048 tokens stays at chance, one that learned the pass key at 128 tokens first learns it there: the curriculum
-    of docs/results/needle.md), its accuracy on haystacks of that length from ``validation/`` and ``test/``
-    recorded; then scored on haystacks from ``test/`` at each of ``--needle-lengths``, shortest first; a length that
-    does not fit in the device's memory ends that model's lengths."""
+    each fine-tuned at its own learning rate (``--needle-learning-rate``, ``--needle-baseline-learning-rate``) on
+    pass-key haystacks from the texts' ``train/`` files at each of ``--needle-train-lengths`` in turn, every length
+    from the model the last one left (a model fine-tuned straight at 2,048 tokens stays at chance, one that learned
+    the pass key at 128 tokens first learns it there: the curriculum of docs/results/needle.md), its accuracy on
+    haystacks of that length from ``validation/`` and ``test/`` recorded; then scored on haystacks from ``test/``
+    at each of ``--needle-lengths``, shortest first; a length that does not fit in the device's memory ends that
+    model's lengths."""
     from experiments.needle import run_needle_benchmark
 
     settings, sizes = stage.settings, stage.settings.sizes
     texts = {split: [settings.needle_texts / split] for split in NEEDLE_SPLITS}
-    models = [("model", settings.needle_model, None)]
+    models = [("model", settings.needle_model, None, settings.needle_learning_rate)]
     if settings.needle_baseline is not None:
-        models.append(("baseline", settings.needle_baseline, "left"))
+        models.append(("baseline", settings.needle_baseline, "left", settings.needle_baseline_learning_rate))
     ladder = settings.needle_train_lengths
     stage.results["recipe"] = (
         f"pass key; fine-tuned for {sizes.needle_steps} steps of {sizes.needle_batch} haystacks at each of "
         f"{', '.join(f'{n:,}' for n in ladder)} tokens in turn ({sizes.needle_train_examples} a length, drawn from "
-        f"the train files) at lr {settings.needle_learning_rate:g}; {sizes.needle_examples} test haystacks per depth "
+        f"the train files) at lr {settings.needle_learning_rate:g}"
+        + (f" (the baseline at {settings.needle_baseline_learning_rate:g})" if settings.needle_baseline else "")
+        + f"; {sizes.needle_examples} test haystacks per depth "
         f"({', '.join(f'{d:g}%' for d in sizes.needle_depths)}) and length")
     runs = stage.results.setdefault("models", {})
     common = dict(tasks=("passkey",), depths=sizes.needle_depths, examples_per_cell=sizes.needle_examples,
                   device=str(stage.device), progress=False, heatmaps=False)  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
-        for role, path, truncation in models:
-            entry = runs.setdefault(role, {"path": str(path), "lengths": {}, "finetuning": []})
+        for role, path, truncation, learning_rate in models:
+            entry = runs.setdefault(role, {"path": str(path), "learning_rate": learning_rate, "lengths": {},
+                                           "finetuning": []})  # fmt: skip
             model = path
             for length in ladder:
                 stage.check()
@@ -1209,7 +1214,7 @@ def stage_needle(stage: Stage) -> None:
                     tuned = run_needle_benchmark(
                         model, texts["test"], Path(work) / f"{role}-train{length}", train_files=texts["train"],
                         validation_files=texts["validation"], lengths=(length,),
-                        learning_rates=(settings.needle_learning_rate,), train_examples=sizes.needle_train_examples,
+                        learning_rates=(learning_rate,), train_examples=sizes.needle_train_examples,
                         max_steps=sizes.needle_steps, batch_size=sizes.needle_batch, truncation_side=truncation,
                         save_model=True, **common)  # fmt: skip
                 model = Path(work) / f"{role}-train{length}" / "model"
@@ -1497,9 +1502,13 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
     parser.add_argument("--needle-train-lengths", default=None,
                         help="the fine-tuning haystacks' lengths, trained in turn, each from the model the last left "
                              "(default 128,512,2048,8192; 64,128 with --tiny)")
-    parser.add_argument("--needle-learning-rate", type=float, default=1e-3,
-                        help="the fine-tuning learning rate (the one orchid-bert-long's settings chose on the "
-                             "validation haystacks of docs/results/needle.md)")
+    parser.add_argument("--needle-learning-rate", type=float, default=3e-3,
+                        help="--needle-model's fine-tuning learning rate (the one orchid-bert-long's settings chose "
+                             "on validation haystacks at 128 and 512 tokens, up the curriculum of "
+                             "docs/results/needle.md)")
+    parser.add_argument("--needle-baseline-learning-rate", type=float, default=1e-3,
+                        help="--needle-baseline's fine-tuning learning rate (the one BERT 128 chose on the validation "
+                             "haystacks of docs/results/needle.md)")
     parser.add_argument("--fail-stage", default=None, choices=STAGES,
                         help="raise an exception at the start of this stage (to see that the report records it and "
                              "the next stage runs)")
@@ -1533,8 +1542,9 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
     budgets = dict(TINY_BUDGETS if args.tiny else BUDGETS)
     budgets.update({name: value for name in STAGES if (value := getattr(args, f"budget_{name}")) is not None})
     check_at_least(parser, args, "--mlm-layers", "--mlm-steps", "--threads")
-    if not args.needle_learning_rate > 0:
-        parser.error(f"--needle-learning-rate must be > 0, got {args.needle_learning_rate}")
+    for flag in ("--needle-learning-rate", "--needle-baseline-learning-rate"):
+        if not (value := getattr(args, flag[2:].replace("-", "_"))) > 0:
+            parser.error(f"{flag} must be > 0, got {value}")
     sizes = TINY_SIZES if args.tiny else GPU_SIZES
     command = " ".join(["python3 scripts/gpu_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
     return CheckSettings(
@@ -1555,6 +1565,7 @@ def parse_args(argv: list[str] | None = None) -> CheckSettings:
         needle_model=args.needle_model, needle_baseline=args.needle_baseline, needle_texts=args.needle_texts,
         needle_lengths=needle_lengths, needle_train_lengths=needle_ladder,
         needle_learning_rate=args.needle_learning_rate,
+        needle_baseline_learning_rate=args.needle_baseline_learning_rate,
     )
 
 

@@ -361,8 +361,10 @@ def test_the_needle_stage_fine_tunes_and_scores_longer_haystacks(tmp_path, needl
     stage = read_report(out)["stages"]["needle"]
     assert list(data["stages"]) == ["needle"] and stage["status"] == "completed", stage.get("error")
     models = stage["results"]["models"]
-    for role, window in (("model", 512), ("baseline", 128)):
+    for role, window, learning_rate in (("model", 512, 3e-3), ("baseline", 128, 1e-3)):
         entry = models[role]
+        # Each model fine-tuned at its own learning rate (the defaults: what each architecture chose on the CPU).
+        assert entry["learning_rate"] == learning_rate and f"fine-tuned at lr {learning_rate:g}" in entry["how"]
         # Fine-tuned up the ladder, each length from the model the last one left, then scored at the longer ones.
         assert [rung["length"] for rung in entry["finetuning"]] == [64, 128]
         assert all(rung["train_seconds"] > 0 and 0 <= rung["validation_accuracy"] <= 1 for rung in entry["finetuning"])
@@ -376,7 +378,8 @@ def test_the_needle_stage_fine_tunes_and_scores_longer_haystacks(tmp_path, needl
     assert models["baseline"]["lengths"]["512"]["needle_in_window"] == 0.5
     markdown = (out / gpu.MARKDOWN_NAME).read_text()
     assert "## Needle" in markdown and "| baseline | 512 |" in markdown and "needle in the window: 50%" in markdown
-    assert "fine-tuned for 2 steps of 2 haystacks at each of 64, 128 tokens in turn" in markdown
+    assert ("fine-tuned for 2 steps of 2 haystacks at each of 64, 128 tokens in turn (8 a length, drawn from the "
+            "train files) at lr 0.003 (the baseline at 0.001)") in markdown
     assert "| model | fine-tuning at 64 |" in markdown and "| baseline | fine-tuning at 128 |" in markdown
 
 
@@ -394,4 +397,7 @@ def test_the_needle_stage_needs_its_inputs(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit):
         gpu.parse_args(["--device", "cpu", "--out", "x", "--needle-train-lengths", "128,0"])
     assert "needle_train_lengths must be comma-separated positive integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--out", "x", "--needle-baseline-learning-rate", "0"])
+    assert "--needle-baseline-learning-rate must be > 0, got 0.0" in capsys.readouterr().err
     assert gpu.parse_args(["--device", "cpu", "--out", "x"]).needle_train_lengths == [128, 512, 2048, 8192]
