@@ -11,9 +11,9 @@
 #                                                      # with its filters in the common parameter group (2 seeds)
 #   bash scripts/real_data.sh run pairs                # same novel or not, pairs of 64-token passages, as `attribution`
 #   bash scripts/real_data.sh run grid                 # both architectures, pretrained and from scratch, on attribution
-#                                                      # 128, 512 and 2048 and the pairs: the learning rate chosen on
-#                                                      # the validation chapters, then 3 seeds at it on the test
-#                                                      # chapters (2048: the long-context stage's models)
+#                                                      # 128, 512 and 2048 and the pairs: the pooling and learning
+#                                                      # rate chosen on the validation chapters, then 3 seeds at them
+#                                                      # on the test chapters (2048: the long-context stage's models)
 #   bash scripts/real_data.sh run text-floor           # the grid's tasks by logistic regression on token frequencies
 #   bash scripts/real_data.sh run pair-probe           # the pair task by logistic regression on frozen features of
 #                                                      # both architectures, pretrained and at random initialisation
@@ -139,15 +139,17 @@ fixed_args() {
 }
 attribution_args() { fixed_args "attribution-$1"; }
 
-# The grid: the same learning rates and epochs for both architectures, each point trained on the training chapters
-# with seed 0 and scored on the validation chapters; the best point (on ties the lowest learning rate) is trained
-# again with every seed of GRID_SEEDS and scored on the test chapters.
+# The grid: the same poolings, learning rates and epochs for both architectures (BERT's classifier pools the mean as
+# Orchid's does through scripts/real_data_finetune.py), each point trained on the training chapters with seed 0 and
+# scored on the validation chapters; the best point (on ties the lowest learning rate, then the first token) is
+# trained again with every seed of GRID_SEEDS and scored on the test chapters.
 # GRID_TASKS, GRID_ARCHS and GRID_INITS narrow the grid to some tasks, architectures or initialisations (to share it
 # between machines, say: the runs from scratch need no pretrained model).
 GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128 attribution-2048"}
 GRID_ARCHS=${GRID_ARCHS:-"orchid bert"}
 GRID_INITS=${GRID_INITS:-"pretrained scratch"}
-GRID_LEARNING_RATES="1e-4 3e-4 1e-3"
+GRID_POOLINGS="first mean"
+GRID_LEARNING_RATES="1e-4 3e-4 1e-3 3e-3 1e-2"
 GRID_SEEDS="0 1 2"
 
 # The epochs of a grid run on TASK: 3, and 1 for passages longer than TEXT_POSITIONS (attribution-2048), where
@@ -216,8 +218,8 @@ jobs() {
         done
         ;;
     grid)
-        # The grid points (phase 1), then the chosen point's seeds (phase 2), whose learning rate is read from the
-        # grid's results when the job starts.
+        # The grid points (phase 1), then the chosen point's seeds (phase 2), whose pooling and learning rate are
+        # read from the grid's results when the job starts.
         for task in $tasks; do
             for init in $GRID_INITS; do
                 for arch in $GRID_ARCHS; do
@@ -225,17 +227,20 @@ jobs() {
                     model=$(model_args $arch $init ${task##*-})
                     epochs=$(grid_epochs $task)
                     if [ "$phase" = 1 ]; then
-                        for lr in $GRID_LEARNING_RATES; do
-                            local name=$OUT/$group-lr$lr-s0
-                            echo "$PY scripts/finetune_glue.py $(finetune_args $task train validation) \
---num_train_epochs $epochs --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
+                        for pooling in $GRID_POOLINGS; do
+                            for lr in $GRID_LEARNING_RATES; do
+                                local name=$OUT/$group-$pooling-lr$lr-s0
+                                echo "$PY scripts/real_data_finetune.py $(finetune_args $task train validation) \
+--num_train_epochs $epochs --pooling $pooling --learning_rate $lr --seed 0 $model --output_dir $name > $name.log 2>&1"
+                            done
                         done
                     else
                         for seed in $GRID_SEEDS; do
                             local name=$OUT/$group-chosen-s$seed
-                            echo "lr=\$($PY scripts/real_data_report.py --runs $OUT --choose $group \
---grid_learning_rates $GRID_LEARNING_RATES) && $PY scripts/finetune_glue.py $(finetune_args $task train test) \
---num_train_epochs $epochs --learning_rate \$lr --seed $seed $model --output_dir $name > $name.log 2>&1"
+                            echo "point=\$($PY scripts/real_data_report.py --runs $OUT --choose $group \
+--grid_poolings $GRID_POOLINGS --grid_learning_rates $GRID_LEARNING_RATES) && \
+$PY scripts/real_data_finetune.py $(finetune_args $task train test) --num_train_epochs $epochs \
+--pooling \${point% *} --learning_rate \${point#* } --seed $seed $model --output_dir $name > $name.log 2>&1"
                         done
                     fi
                 done

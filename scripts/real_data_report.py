@@ -5,8 +5,9 @@ docs/results/long_context.md:
     python scripts/real_data_report.py --runs outputs/real_data     # keep one JSON per finished run, then render
     python scripts/real_data_report.py                              # render from the kept JSONs alone
     python scripts/real_data_report.py --runs outputs/real_data --choose grid-attribution-128-orchid-pretrained \
-        --grid_learning_rates 1e-4 3e-4 1e-3                       # print the grid's learning rate, chosen on the
-                                                                    # validation chapters (scripts/real_data.sh)
+        --grid_poolings first mean --grid_learning_rates 1e-4 3e-4 1e-3 3e-3
+                                                  # print the grid's pooling and learning rate, chosen on the
+                                                  # validation chapters (scripts/real_data.sh)
 
 The JSONs go to --results (docs/results/real_data/); the generated blocks of --report, --readme and
 --context_report are replaced, the rest of those files is left as written.
@@ -21,7 +22,7 @@ from pathlib import Path
 from orchid_hf.runs import run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and experiments/ are not installed
-from experiments.real_data.report import choose_learning_rate, collect_runs, render_report  # noqa: E402
+from experiments.real_data.report import choose_grid_point, collect_runs, render_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict | str:
@@ -35,14 +36,16 @@ def main(argv: list[str] | None = None) -> dict | str:
     parser.add_argument("--threads-per-run", type=int, default=1, help="Threads of each run (THREADS), for --runs.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (JOBS), for --runs.")
     parser.add_argument("--choose", default=None, metavar="GROUP",
-                        help="Print the learning rate of the grid GROUP-lrLR-s0 in --runs chosen on the validation "
-                        "chapters, and nothing else.")  # fmt: skip
+                        help="Print the pooling and learning rate ('POOLING LR') of the grid GROUP-POOLING-lrLR-s0 in "
+                        "--runs chosen on the validation chapters, and nothing else.")  # fmt: skip
     parser.add_argument("--grid_learning_rates", nargs="+", default=[], help="The grid's learning rates, for --choose.")
+    parser.add_argument("--grid_poolings", nargs="+", default=["first", "mean"], choices=["first", "mean"],
+                        help="The grid's poolings, for --choose.")  # fmt: skip
     args = parser.parse_args(argv)
     if args.choose:
         if not args.runs or not args.grid_learning_rates:
             parser.error("--choose needs --runs and --grid_learning_rates")
-        chosen = choose_learning_rate(args.runs, args.choose, args.grid_learning_rates)
+        chosen = choose_grid_point(args.runs, args.choose, args.grid_learning_rates, args.grid_poolings)
         print(chosen)
         return chosen
     if args.runs:

@@ -23,12 +23,14 @@ from experiments.real_data.report import (
     GRID_RUN,
     PAIRS_RUN,
     PROBE_RUN,
-    choose_learning_rate,
+    best_pooled_point,
+    choose_grid_point,
     collect_runs,
     comparison_outcome,
     comparison_words,
     difference_cell,
     difference_interval,
+    grid_record,
     load_records,
     render_report,
     time_note,
@@ -102,16 +104,17 @@ def runs(tmp_path_factory):
     for lr in ("1e-4", "1e-3"):
         finetune(["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
                   str(data / "attribution-16/validation.csv"), "--max_seq_length", "16", "--max_steps", "2",
-                  "--learning_rate", lr, "--model_name_or_path", str(out / "pretrain-orchid"), *QUIET,
-                  "--output_dir", str(out / f"grid-attribution-16-orchid-pretrained-lr{lr}-s0")])  # fmt: skip
-    chosen = load_script("real_data_report").main(
-        ["--runs", str(out), "--choose", "grid-attribution-16-orchid-pretrained", "--grid_learning_rates", "1e-4",
-         "1e-3"]
-    )  # fmt: skip
+                  "--pooling", "mean", "--learning_rate", lr, "--model_name_or_path", str(out / "pretrain-orchid"),
+                  *QUIET, "--output_dir",
+                  str(out / f"grid-attribution-16-orchid-pretrained-mean-lr{lr}-s0")])  # fmt: skip
+    pooling, chosen = load_script("real_data_report").main(
+        ["--runs", str(out), "--choose", "grid-attribution-16-orchid-pretrained", "--grid_poolings", "mean",
+         "--grid_learning_rates", "1e-4", "1e-3"]
+    ).split()  # fmt: skip
     finetune(["--train_file", str(data / "attribution-16/train.csv"), "--validation_file",
-              str(data / "attribution-16/test.csv"), "--max_seq_length", "16", "--max_steps", "2", "--learning_rate",
-              chosen, "--seed", "1", "--model_name_or_path", str(out / "pretrain-orchid"), *QUIET,
-              "--output_dir", str(out / "grid-attribution-16-orchid-pretrained-chosen-s1")])  # fmt: skip
+              str(data / "attribution-16/test.csv"), "--max_seq_length", "16", "--max_steps", "2", "--pooling",
+              pooling, "--learning_rate", chosen, "--seed", "1", "--model_name_or_path", str(out / "pretrain-orchid"),
+              *QUIET, "--output_dir", str(out / "grid-attribution-16-orchid-pretrained-chosen-s1")])  # fmt: skip
     images = write_idx_folder(root / "idx", train=24, test=12)
     sys.path.insert(0, str(ROOT / "scripts"))
     image_args = ["--train_dir", str(images), "--recipe", "orchid-vit-digits", "--num_train_epochs", "1",
@@ -151,8 +154,8 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
         "attribution-16-orchid-pretrained-mean-pooling-s0", "attribution-16-orchid-pretrained-s0",
         "attribution-16-orchid-pretrained-s1", "fashion-logreg", "fashion-orchid-s0", "fashion-vit-s0",
         "floor-attribution-16", "floor-pairs-16",
-        "grid-attribution-16-orchid-pretrained-chosen-s1", "grid-attribution-16-orchid-pretrained-lr1e-3-s0",
-        "grid-attribution-16-orchid-pretrained-lr1e-4-s0", "pairs-16-bert-pretrained-s0",
+        "grid-attribution-16-orchid-pretrained-chosen-s1", "grid-attribution-16-orchid-pretrained-mean-lr1e-3-s0",
+        "grid-attribution-16-orchid-pretrained-mean-lr1e-4-s0", "pairs-16-bert-pretrained-s0",
         "pairs-16-orchid-pretrained-s0", "pretrain-bert", "pretrain-bert-lr1e-4", "pretrain-orchid",
         "probe-pairs-16-bert-random", "probe-pairs-16-orchid-pretrained",
     ]  # fmt: skip
@@ -210,16 +213,17 @@ def test_report_tables_come_from_the_runs(runs, tmp_path):
     orchid, bert = (100 * pair_runs[a]["metrics"]["validation"]["accuracy"] for a in ("orchid", "bert"))
     assert f"| 2 × 8 tokens | Orchid | pretrained | {orchid:.1f} |" in blocks["pairs"]
     assert f"| same novel, pairs of 2 × 8 tokens, pretrained | {orchid:.1f}% | BERT {bert:.1f}% |" in blocks["headline"]
-    grid = {lr: json.loads((runs / f"grid-attribution-16-orchid-pretrained-lr{lr}-s0" / "results.json").read_text())
-            for lr in ("1e-4", "1e-3")}  # fmt: skip
+    grid = {lr: json.loads((runs / f"grid-attribution-16-orchid-pretrained-mean-lr{lr}-s0" / "results.json")
+                           .read_text()) for lr in ("1e-4", "1e-3")}  # fmt: skip
     assert {lr: result["learning_rate"] for lr, result in grid.items()} == {"1e-4": 1e-4, "1e-3": 1e-3}
     chosen = json.loads((results / "grid-attribution-16-orchid-pretrained-chosen-s1.json").read_text())
-    assert chosen["scored_on"] == "test" and chosen["chosen"]
+    assert chosen["scored_on"] == "test" and chosen["chosen"] and chosen["hyperparameters"]["pooling"] == "mean"
     row = next(line for line in blocks["grid"].splitlines() if line.startswith("| novel attribution, 16 tokens"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     validation = [f"{100 * grid[lr]['metrics']['validation']['accuracy']:.1f}" for lr in ("1e-4", "1e-3")]
-    assert [cell.strip("*") for cell in cells[3:5]] == validation
-    assert cells[5] == f"{chosen['learning_rate']:g}" and cells[6] == f"{100 * chosen['accuracy']:.1f}"
+    assert cells[3] == "mean" and [cell.strip("*") for cell in cells[4:6]] == validation
+    edge = " (the grid's highest)" if chosen["learning_rate"] == 1e-3 else " (the grid's lowest)"
+    assert cells[6] == f"mean, lr {chosen['learning_rate']:g}{edge}" and cells[7] == f"{100 * chosen['accuracy']:.1f}"
     # The bag-of-words floors, below the grid: C chosen on the validation chapters, accuracy on the test chapters.
     for task, text in (("attribution-16", "novel attribution, 16 tokens"), ("pairs-16", "same novel, pairs of 2 × 8 "
                                                                                        "tokens")):  # fmt: skip
@@ -437,14 +441,14 @@ def test_the_time_note_says_how_the_runs_shared_the_machine():
 
 
 def fake_finetune_run(folder: Path, accuracy: float, learning_rate: float, seconds: float = 120.0,
-                      epochs: float = 3.0) -> None:
+                      epochs: float = 3.0, pooling: str = "mean") -> None:
     """A fine-tuning run's folder with the files the report reads, laid out as scripts/finetune_glue.py writes them."""
     folder.mkdir(parents=True)
     results = {
         "task": "own data", "recipe": "orchid-bert-classification", "model_type": "orchid",
         "initialized_from": "outputs/real_data/pretrain-orchid", "learning_rate": learning_rate,
         "hyperparameters": {"learning_rate": f"peak {learning_rate:g}", "epochs": epochs, "batch_size": 32,
-                            "pooling": "mean", "max_seq_length": 128},
+                            "pooling": pooling, "max_seq_length": 128},
         "epochs_done": epochs, "metrics": {"validation": {"accuracy": accuracy, "loss": 1.0}},
     }  # fmt: skip
     (folder / "results.json").write_text(json.dumps(results))
@@ -457,20 +461,27 @@ GRID = ("1e-4", "3e-4", "1e-3")
 
 @pytest.fixture
 def grid_runs(tmp_path):
-    """Run folders of the grid and pairs stages: Orchid ties at 3e-4 and 1e-3 (the lower is chosen), BERT's best is
-    1e-4, the pair task's scratch Orchid has its grid but no run at the chosen point yet, and the 2048-token task's
+    """Run folders of the grid and pairs stages. The pretrained Orchid has both poolings: its best accuracy, 0.40, at
+    3e-4 with either pooling and at 1e-3 with the mean (the lowest rate, then the first token, is chosen). BERT's
+    points are named as grids of the recipe's pooling alone named them (no pooling: its results say first), best at
+    1e-4. The pair task's scratch Orchid has its grid but no run at the chosen point yet, and the 2048-token task's
     scratch BERT its grid of 1 epoch a point."""
     runs = tmp_path / "runs"
-    validation = {"orchid-pretrained": (0.30, 0.40, 0.40), "bert-pretrained": (0.35, 0.33, 0.20)}
-    for model, accuracies in validation.items():
+    for pooling, accuracies in (("mean", (0.30, 0.40, 0.40)), ("first", (0.25, 0.40, 0.10))):
         for lr, accuracy in zip(GRID, accuracies):
-            fake_finetune_run(runs / f"grid-attribution-128-{model}-lr{lr}-s0", accuracy, float(lr))
+            fake_finetune_run(runs / f"grid-attribution-128-orchid-pretrained-{pooling}-lr{lr}-s0", accuracy,
+                              float(lr), pooling=pooling)  # fmt: skip
+    for lr, accuracy in zip(GRID, (0.35, 0.33, 0.20)):
+        fake_finetune_run(runs / f"grid-attribution-128-bert-pretrained-lr{lr}-s0", accuracy, float(lr),
+                          pooling="first")  # fmt: skip
     for seed, accuracy in enumerate((0.41, 0.43, 0.45)):
-        fake_finetune_run(runs / f"grid-attribution-128-orchid-pretrained-chosen-s{seed}", accuracy, 3e-4)
-        fake_finetune_run(runs / f"grid-attribution-128-bert-pretrained-chosen-s{seed}", 0.5, 1e-4)
+        fake_finetune_run(runs / f"grid-attribution-128-orchid-pretrained-chosen-s{seed}", accuracy, 3e-4,
+                          pooling="first")  # fmt: skip
+        fake_finetune_run(runs / f"grid-attribution-128-bert-pretrained-chosen-s{seed}", 0.5, 1e-4, pooling="first")
     for lr, accuracy in zip(GRID, (0.6, 0.7, 0.5)):
-        fake_finetune_run(runs / f"grid-pairs-128-orchid-scratch-lr{lr}-s0", accuracy, float(lr))
-        fake_finetune_run(runs / f"grid-attribution-2048-bert-scratch-lr{lr}-s0", accuracy, float(lr), epochs=1.0)
+        fake_finetune_run(runs / f"grid-pairs-128-orchid-scratch-mean-lr{lr}-s0", accuracy, float(lr))
+        fake_finetune_run(runs / f"grid-attribution-2048-bert-scratch-first-lr{lr}-s0", accuracy, float(lr),
+                          epochs=1.0, pooling="first")  # fmt: skip
     for seed in (0, 1):
         fake_finetune_run(runs / f"pairs-128-orchid-pretrained-s{seed}", 0.6 + seed / 10, 2e-4)
         fake_finetune_run(runs / f"pairs-128-bert-pretrained-s{seed}", 0.55, 2e-4)
@@ -482,16 +493,25 @@ def grid_runs(tmp_path):
 
 
 def test_the_grid_choice_is_made_on_the_validation_chapters(grid_runs, capsys):
-    assert choose_learning_rate(grid_runs, "grid-attribution-128-orchid-pretrained", list(GRID)) == "3e-4"
-    assert choose_learning_rate(grid_runs, "grid-attribution-128-bert-pretrained", list(GRID)) == "1e-4"
-    assert choose_learning_rate(grid_runs, "grid-pairs-128-orchid-scratch", list(GRID)) == "3e-4"
-    # What scripts/real_data.sh reads into --learning_rate: the learning rate as the grid writes it, alone.
+    both = ["first", "mean"]
+    assert choose_grid_point(grid_runs, "grid-attribution-128-orchid-pretrained", list(GRID), both) == "first 3e-4"
+    assert choose_grid_point(grid_runs, "grid-attribution-128-orchid-pretrained", list(GRID), ["mean"]) == "mean 3e-4"
+    assert choose_grid_point(grid_runs, "grid-pairs-128-orchid-scratch", list(GRID), ["mean"]) == "mean 3e-4"
+    assert best_pooled_point({("mean", 1e-3): 0.5, ("first", 1e-3): 0.5, ("mean", 3e-3): 0.5}) == ("first", 1e-3)
+    # What scripts/real_data.sh reads into --pooling and --learning_rate: both as the grid writes them, alone.
     script = load_script("real_data_report")
     assert script.main(["--runs", str(grid_runs), "--choose", "grid-attribution-128-orchid-pretrained",
-                        "--grid_learning_rates", *GRID]) == "3e-4"  # fmt: skip
-    assert capsys.readouterr().out == "3e-4\n"
-    with pytest.raises(ValueError, match=r"no finished run \(results.json\) in \[.*-orchid-pretrained-lr2e-3-s0'\]"):
-        choose_learning_rate(grid_runs, "grid-attribution-128-orchid-pretrained", ["1e-4", "2e-3"])
+                        "--grid_learning_rates", *GRID]) == "first 3e-4"  # fmt: skip
+    assert capsys.readouterr().out == "first 3e-4\n"
+    missing = r"no finished run \(results.json\) in \[.*-orchid-pretrained-mean-lr2e-3-s0'\]"
+    with pytest.raises(ValueError, match=missing):
+        choose_grid_point(grid_runs, "grid-attribution-128-orchid-pretrained", ["1e-4", "2e-3"], ["mean"])
+    # A point's name and its results must agree on the pooling.
+    fake_finetune_run(grid_runs / "grid-attribution-128-bert-pretrained-mean-lr1e-4-s0", 0.9, 1e-4, pooling="first")
+    with pytest.raises(ValueError, match="the name says mean pooling, but the run's results say first"):
+        choose_grid_point(grid_runs, "grid-attribution-128-bert-pretrained", ["1e-4"], ["mean"])
+    with pytest.raises(ValueError, match="the name says mean pooling, but the run's results say first"):
+        collect_runs(grid_runs, grid_runs.parent / "results")
     with pytest.raises(SystemExit):
         script.main(["--choose", "grid-attribution-128-orchid-pretrained"])
 
@@ -500,37 +520,47 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
     results = tmp_path / "results"
     collect_runs(grid_runs, results)
     records = load_records(results)
-    assert len(records["grid"]) == 18 and len(records["pairs"]) == 4 and not records["attribution"]
+    assert len(records["grid"]) == 21 and len(records["pairs"]) == 4 and not records["attribution"]
     assert len(records["floor"]) == 1
     report, readme = skeleton(tmp_path / "real_data.md"), skeleton(tmp_path / "README.md", ["headline"])
     blocks = render_report(results, report, readme)
     assert "<!-- real-data:attribution -->\nold\n" in report.read_text()  # no records of its own: left as it was
-    rows = {line.split(" | ")[0] + " | " + line.split(" | ")[1] + " | " + line.split(" | ")[2]: line
-            for line in blocks["grid"].splitlines() if line.startswith("| novel") or line.startswith("| same")}
+    rows = {" | ".join(line.split(" | ")[:4]): line for line in blocks["grid"].splitlines()
+            if line.startswith("| novel") or line.startswith("| same")}  # fmt: skip
     assert blocks["grid"].splitlines()[0] == (
-        "| task | model | start | validation % at lr 0.0001 | validation % at lr 0.0003 | validation % at lr 0.001 | "
-        "chosen lr | test % at the chosen lr (mean; seeds) | test: − BERT, points (95% interval) |"
+        "| task | model | start | pooling | validation % at lr 0.0001 | validation % at lr 0.0003 | "
+        "validation % at lr 0.001 | chosen | test % at the chosen point (mean; seeds) | "
+        "test: − BERT, points (95% interval) |"
     )
-    # Validation accuracy for every grid point, the chosen one in bold; test accuracy for the chosen point only, and
-    # its difference from BERT's: 43.0 - 50.0 = -7.0, BERT's seeds all 50.0, Orchid's variance 4 (points²) over 3
-    # seeds, so a standard error of 1.155 on 2 degrees of freedom (t = 4.303): -7.0 ± 4.97.
-    assert rows["| novel attribution, 128 tokens | Orchid | pretrained"].endswith(
-        "| 30.0 | **40.0** | 40.0 | 0.0003 | 43.0 (41.0 / 43.0 / 45.0) | -7.0 (-12.0 to -2.0), beaten |"
+    # Validation accuracy for every grid point, a row per pooling, the chosen one in bold; test accuracy on the
+    # chosen pooling's row only, and its difference from BERT's: 43.0 - 50.0 = -7.0, BERT's seeds all 50.0, Orchid's
+    # variance 4 (points²) over 3 seeds, so a standard error of 1.155 on 2 degrees of freedom (t = 4.303): -7.0 ± 4.97.
+    assert rows["| novel attribution, 128 tokens | Orchid | pretrained | first"].endswith(
+        "| 25.0 | **40.0** | 10.0 | first, lr 0.0003 | 43.0 (41.0 / 43.0 / 45.0) | -7.0 (-12.0 to -2.0), beaten |"
     )
-    assert rows["| novel attribution, 128 tokens | BERT | pretrained"].endswith(
-        "| **35.0** | 33.0 | 20.0 | 0.0001 | 50.0 (50.0 / 50.0 / 50.0) | – |"
+    assert rows["| novel attribution, 128 tokens | Orchid | pretrained | mean"].endswith(
+        "| 30.0 | 40.0 | 40.0 |  |  |  |"
     )
-    assert rows["| same novel, pairs of 2 × 64 tokens | Orchid | scratch"].endswith(
-        "| 60.0 | **70.0** | 50.0 | 0.0003 | – | – |"
+    grid_lines = blocks["grid"].splitlines()
+    first = grid_lines.index(rows["| novel attribution, 128 tokens | Orchid | pretrained | first"])
+    assert grid_lines[first + 1] == rows["| novel attribution, 128 tokens | Orchid | pretrained | mean"]
+    assert rows["| novel attribution, 128 tokens | BERT | pretrained | first"].endswith(
+        "| **35.0** | 33.0 | 20.0 | first, lr 0.0001 (the grid's lowest) | 50.0 (50.0 / 50.0 / 50.0) | – |"
     )
-    assert "Each grid point: 3 epochs (1 for novel attribution, 2048 tokens), seed 0," in blocks["grid"]
+    assert rows["| same novel, pairs of 2 × 64 tokens | Orchid | scratch | mean"].endswith(
+        "| 60.0 | **70.0** | 50.0 | mean, lr 0.0003 | – | – |"
+    )
+    assert "Each grid point (a pooling and a learning rate): 3 epochs (1 for novel attribution, 2048 tokens)," in (
+        blocks["grid"])
     assert "time" not in blocks["grid"]  # the grid's runs may share a machine many at a time: no speed comparison
     # Two seeds each: 65.0 - 55.0 = +10.0, too few seeds to state a difference.
     row = "| 2 × 64 tokens | Orchid | pretrained | 65.0 (60.0 / 70.0) | +10.0, not sized | 2.0 min |"
     assert row in blocks["pairs"]
-    assert ("| novel attribution, 128 tokens, pretrained, lr chosen on validation chapters | 43.0% | BERT 50.0% | "
-            "3 seeds, BERT beats Orchid by 7.0 points (95% interval of Orchid − BERT: -12.0 to -2.0); lr 0.0003 vs "
-            "0.0001; bag of words 90.0% |") in blocks["headline"]  # fmt: skip
+    # BERT's grid had one pooling: the line says the poolings were each recipe's.
+    assert ("| novel attribution, 128 tokens, pretrained, each recipe's pooling, lr chosen on validation chapters | "
+            "43.0% | BERT 50.0% | 3 seeds, BERT beats Orchid by 7.0 points (95% interval of Orchid − BERT: -12.0 to "
+            "-2.0); chosen: first, lr 0.0003 vs first, lr 0.0001 (the grid's lowest); bag of words 90.0% |"
+            ) in blocks["headline"]  # fmt: skip
     assert blocks["grid"].endswith("C among 0.1, 1 chosen on the validation chapters, trained on the training "
                                    "chapters), on the test chapters: novel attribution, 128 tokens 90.0% (C 1; "
                                    "majority class 22.8%).")  # fmt: skip
@@ -538,12 +568,75 @@ def test_report_shows_the_grid_and_the_pairs(grid_runs, tmp_path):
             "(Orchid − BERT: +10.0 points; fewer than 3 seeds);") in blocks["headline"]  # fmt: skip
     assert f"<!-- real-data:headline -->\n{blocks['headline']}\n" in readme.read_text()
 
-    # Runs at another learning rate than the grid's choice are refused, not shown as the chosen point's.
-    fake_finetune_run(grid_runs / "grid-attribution-128-orchid-pretrained-chosen-s3", 0.9, 1e-3)
+    # With BERT's other pooling run too, the grid is symmetric and the headline says both were chosen.
+    for lr, accuracy in zip(GRID, (0.1, 0.2, 0.3)):
+        fake_finetune_run(grid_runs / f"grid-attribution-128-bert-pretrained-mean-lr{lr}-s0", accuracy, float(lr))
     collect_runs(grid_runs, results)
-    with pytest.raises(ValueError, match=r"used learning rate \[0.001\], but the grid's best on the validation "
-                                         r"chapters is 0.0003"):  # fmt: skip
+    assert "| novel attribution, 128 tokens, pretrained, pooling and lr chosen on validation chapters | 43.0% |" in (
+        render_report(results, report)["headline"])
+
+    # Runs at another point than the grid's choice are refused, not shown as the chosen point's.
+    fake_finetune_run(grid_runs / "grid-attribution-128-orchid-pretrained-chosen-s3", 0.9, 3e-4)
+    collect_runs(grid_runs, results)
+    with pytest.raises(ValueError, match=r"used \(pooling, learning rate\) \[\('mean', 0.0003\)\], but the grid's best "
+                                         r"on the validation chapters is \('first', 0.0003\)"):  # fmt: skip
         render_report(results, report)
+
+
+def test_bert_pools_the_mean_of_its_real_tokens_as_orchid_does():
+    """BERT's classifier with ``classifier_pooling="mean"`` feeds its own pooler (dense + tanh) the mean of the real
+    tokens' last hidden states, whatever the padded positions hold; with ``"first"`` it is BERT's own classifier."""
+    from transformers import BertForSequenceClassification
+
+    from experiments.real_data.pooling import PoolingBertConfig, PoolingBertForSequenceClassification
+
+    sizes = dict(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                 num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    mean = PoolingBertForSequenceClassification(PoolingBertConfig(classifier_pooling="mean", **sizes)).eval()
+    ids = torch.randint(5, 40, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    logits = mean(input_ids=ids, attention_mask=mask).logits
+    hidden = mean.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    expected = mean.classifier(mean.bert.pooler.activation(mean.bert.pooler.dense(pooled)))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
+    garbage = ids.clone()
+    garbage[1, 5:] = torch.randint(5, 40, (4,))
+    torch.testing.assert_close(mean(input_ids=garbage, attention_mask=mask).logits, logits, rtol=0, atol=1e-6)
+    # The mask given by position works as by keyword (the hook reads either).
+    torch.testing.assert_close(mean(ids, mask).logits, logits, rtol=0, atol=1e-6)
+
+    first = PoolingBertForSequenceClassification(PoolingBertConfig(classifier_pooling="first", **sizes)).eval()
+    plain = BertForSequenceClassification(first.config).eval()
+    plain.load_state_dict(first.state_dict())
+    torch.testing.assert_close(first(input_ids=ids, attention_mask=mask).logits,
+                               plain(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"classifier_pooling must be one of \('first', 'mean'\), got 'max'"):
+        PoolingBertForSequenceClassification(PoolingBertConfig(classifier_pooling="max", **sizes))
+
+
+def test_the_grid_script_fine_tunes_bert_with_mean_pooling(tmp_path):
+    """scripts/real_data_finetune.py, as the grid runs it: --pooling mean for a new BERT model trains a classifier that
+    pools the mean, and its results and saved config say so (model type still bert)."""
+    tokenizer = tmp_path / "tokenizer"
+    word_tokenizer(tokenizer)
+    rows = [f"{' '.join(WORDS[i % 5:i % 5 + 4])},{'ab'[i % 2]}" for i in range(8)]
+    task = write_splits(tmp_path / "task", "sentence,label\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "grid-attribution-16-bert-scratch-mean-lr1e-3-s0"
+    command = [sys.executable, str(ROOT / "scripts" / "real_data_finetune.py"), "--train_file",
+               str(task / "train.csv"), "--validation_file", str(task / "validation.csv"), "--max_seq_length", "16",
+               "--max_steps", "2", "--pooling", "mean", "--learning_rate", "1e-3", "--model_type", "bert",
+               "--config_overrides", BERT, "--tokenizer_name", str(tokenizer), "--threads", "1", *QUIET,
+               "--output_dir", str(out)]  # fmt: skip
+    subprocess.run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True, capture_output=True, text=True)
+    results = json.loads((out / "results.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert results["hyperparameters"]["pooling"] == "mean" and results["model_type"] == "bert"
+    assert (config["model_type"], config["classifier_pooling"]) == ("bert", "mean")
+    record = grid_record(out, GRID_RUN.match(out.name))
+    assert (record["arch"], record["hyperparameters"]["pooling"], record["learning_rate"]) == ("bert", "mean", 1e-3)
 
 
 def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
@@ -561,23 +654,25 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
 
     data = f"{tmp_path}/out/austen"
     grid = jobs("grid")
-    # Task by task, in `run`'s order: a task's 12 grid points, then its 12 seeds.
-    tasks = [grid[start:start + 24] for start in range(0, len(grid), 24)]
+    # Task by task, in `run`'s order: a task's 40 grid points (2 starts x 2 architectures x 2 poolings x 5 learning
+    # rates), then its 12 seeds.
+    tasks = [grid[start:start + 52] for start in range(0, len(grid), 52)]
     assert [GRID_RUN.match(run_name(chunk[0])).group("task", "length") for chunk in tasks] == [
         ("attribution", "128"), ("attribution", "512"), ("pairs", "128"), ("attribution", "2048")]  # fmt: skip
-    points = [line for chunk in tasks for line in chunk[:12]]
-    seeds = [line for chunk in tasks for line in chunk[12:]]
+    points = [line for chunk in tasks for line in chunk[:40]]
+    seeds = [line for chunk in tasks for line in chunk[40:]]
     for chunk in tasks:
         assert len({(match["task"], match["length"]) for match in map(GRID_RUN.match, map(run_name, chunk))}) == 1
     for line in points:
         match = GRID_RUN.match(run_name(line))
-        assert match and match["lr"] in ("1e-4", "3e-4", "1e-3") and match["seed"] == "0"
+        assert match and match["lr"] in ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2") and match["seed"] == "0"
         task = f"{match['task']}-{match['length']}"
+        assert line.startswith("python scripts/real_data_finetune.py ")  # BERT pools the mean there too
         assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/validation.csv " in line
         # 3 epochs; 1 for passages longer than 512 tokens, whose epochs cost as much as a long-context pretraining run
         epochs = 3 if int(match["length"]) <= 512 else 1
         assert f"--max_seq_length {match['length']} " in line and f"--num_train_epochs {epochs} " in line
-        assert f"--learning_rate {match['lr']} " in line and "--pooling" not in line
+        assert f"--pooling {match['pooling']} --learning_rate {match['lr']} " in line
         # 32 passages a step, or 16,384 tokens where 32 passages would hold more; passages longer than the pretrain
         # stage's 512 positions start from the long-context stage's model of their length (or its configuration).
         length, arch = int(match["length"]), match["arch"]
@@ -590,27 +685,31 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
             assert overrides.startswith("hidden_size=256," if length <= 512 else "hidden_size=128,")
             assert f"max_position_embeddings={max(length, 512)}" in overrides.split(",")
             assert ("num_attention_heads=4" in overrides) == (arch == "bert")
+    # Both poolings for both architectures, at every learning rate.
+    assert {GRID_RUN.match(run_name(line)).group("arch", "pooling") for line in points} == {
+        ("orchid", "first"), ("orchid", "mean"), ("bert", "first"), ("bert", "mean")}  # fmt: skip
     for line in seeds:
         match = GRID_RUN.match(run_name(line))
         assert match and match["chosen"] and match["seed"] in ("0", "1", "2")
         task = f"{match['task']}-{match['length']}"
         group = f"grid-{task}-{match['arch']}-{match['init']}"
-        assert line.startswith(f"lr=$(python scripts/real_data_report.py --runs {tmp_path}/out --choose {group} "
-                               "--grid_learning_rates 1e-4 3e-4 1e-3) && python scripts/finetune_glue.py ")  # fmt: skip
+        assert line.startswith(f"point=$(python scripts/real_data_report.py --runs {tmp_path}/out --choose {group} "
+                               "--grid_poolings first mean --grid_learning_rates 1e-4 3e-4 1e-3 3e-3 1e-2) && "
+                               "python scripts/real_data_finetune.py ")  # fmt: skip
         assert f"--train_file {data}/{task}/train.csv --validation_file {data}/{task}/test.csv " in line
         epochs = 3 if int(match["length"]) <= 512 else 1
-        assert "--learning_rate $lr " in line and f"--num_train_epochs {epochs} " in line
-    assert len({run_name(line) for line in grid}) == 96
+        assert f"--num_train_epochs {epochs} --pooling ${{point% *}} --learning_rate ${{point#* }} " in line
+    assert len({run_name(line) for line in grid}) == 208
     # Every run computes in float32, also on a GPU (no bfloat16, no TensorFloat-32).
     assert all("--bf16 False --tf32 False " in line for line in grid)
     # GRID_ARCHS and GRID_TASKS narrow the grid: one architecture's runs of one task, its points before its seeds.
     narrowed = jobs("grid", GRID_ARCHS="bert", GRID_TASKS="attribution-512")
     assert narrowed == [line for line in grid if "-attribution-512-bert-" in line]
-    assert len(narrowed) == 12
+    assert len(narrowed) == 26
     # GRID_INITS too: the runs from scratch of both architectures, which need no pretrained model.
     scratch = jobs("grid", GRID_INITS="scratch", GRID_TASKS="pairs-128")
     assert scratch == [line for line in grid if "-pairs-128-" in line and "-scratch-" in line]
-    assert len(scratch) == 12 and not any("pretrain-" in line for line in scratch)
+    assert len(scratch) == 26 and not any("pretrain-" in line for line in scratch)
 
     for stage, pattern, count in (("attribution", ATTRIBUTION_RUN, 16), ("pairs", PAIRS_RUN, 8)):
         lines = jobs(stage)
@@ -639,15 +738,15 @@ def test_run_skips_finished_runs_and_goes_task_by_task(tmp_path):
     results.json (finished), which is skipped; with one job at a time, each grid task's points come before its seeds
     and before the next task."""
     out = tmp_path / "out"
-    finished = out / "grid-attribution-128-orchid-pretrained-lr3e-4-s0"
+    finished = out / "grid-attribution-128-orchid-pretrained-mean-lr3e-4-s0"
     finished.mkdir(parents=True)
     (finished / "results.json").write_text("{}")
     env = {**os.environ, "OUT": str(out), "PY": "echo", "JOBS": "1"}
     subprocess.run(["bash", str(ROOT / "scripts" / "real_data.sh"), "run", "grid"], env=env, check=True)
     logs = sorted(out.glob("*.log"), key=lambda path: path.stat().st_mtime_ns)
     names = [path.stem for path in logs]
-    assert len(names) == 95 and finished.name not in names and not (out / f"{finished.name}.log").exists()
-    assert all(path.read_text().startswith("scripts/finetune_glue.py ") for path in logs)
+    assert len(names) == 207 and finished.name not in names and not (out / f"{finished.name}.log").exists()
+    assert all(path.read_text().startswith("scripts/real_data_finetune.py ") for path in logs)
     assert f"--output_dir {out}/grid-attribution-2048-bert-scratch-chosen-s2" in logs[-1].read_text()
     order = [(GRID_RUN.match(name)["task"] + GRID_RUN.match(name)["length"], bool(GRID_RUN.match(name)["chosen"]))
              for name in names]  # fmt: skip

@@ -35,11 +35,13 @@ ATTRIBUTION_RUN = re.compile(
 VARIANT_NAMES = {"mean-pooling": "mean pooling", "no-filter-group": "filters in the common parameter group"}
 # pairs-128-orchid-pretrained-s0: the same-novel pair task, pairs of two passages of at most half the length.
 PAIRS_RUN = re.compile(r"^pairs-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)-s(?P<seed>\d+)$")
-# grid-attribution-128-orchid-pretrained-lr3e-4-s0 (a grid point, scored on the validation chapters) and
-# grid-attribution-128-orchid-pretrained-chosen-s1 (the chosen point with another seed, scored on the test chapters).
+# grid-attribution-128-orchid-pretrained-mean-lr3e-4-s0 (a grid point: a pooling and a learning rate, scored on the
+# validation chapters) and grid-attribution-128-orchid-pretrained-chosen-s1 (the chosen point with another seed,
+# scored on the test chapters). Points of grids that had one pooling per architecture (the recipe's) have no pooling
+# in their names; every run's pooling is read from its results.
 GRID_RUN = re.compile(
     r"^grid-(?P<task>attribution|pairs)-(?P<length>\d+)-(?P<arch>[a-z]+)-(?P<init>pretrained|scratch)"
-    r"-(lr(?P<lr>[0-9.e+-]+)|(?P<chosen>chosen))-s(?P<seed>\d+)$"
+    r"-(((?P<pooling>first|mean)-)?lr(?P<lr>[0-9.e+-]+)|(?P<chosen>chosen))-s(?P<seed>\d+)$"
 )
 IMAGE_RUN = re.compile(r"^fashion-(?P<arch>[a-z]+)(-s(?P<seed>\d+))?$")
 # floor-attribution-128: logistic regression on token frequencies for one of the grid's tasks.
@@ -179,9 +181,19 @@ def attribution_record(folder: Path, match: re.Match, kind: str = "attribution")
     return record
 
 
+def run_pooling(folder: Path, results: dict, named: str | None = None) -> str:
+    """The pooling a fine-tuning run's classifier was trained with, from its results; a ``ValueError`` where the run's
+    name says another (``named``)."""
+    pooling = results["hyperparameters"]["pooling"]
+    if named is not None and named != pooling:
+        raise ValueError(f"{folder}: the name says {named} pooling, but the run's results say {pooling}")
+    return pooling
+
+
 def grid_record(folder: Path, match: re.Match) -> dict:
     """A grid point (scored on the validation chapters) or a run at the chosen point (scored on the test chapters)."""
     results = _read(folder / "results.json")
+    run_pooling(folder, results, match["pooling"])
     return {
         "kind": "grid",
         "task": match["task"],
@@ -241,19 +253,31 @@ def best_grid_point(points: list[tuple[float, float]]) -> float:
     return max(points, key=lambda point: (point[1], -point[0]))[0]
 
 
-def choose_learning_rate(runs_dir: str | Path, group: str, learning_rates: list[str]) -> str:
+def best_pooled_point(points: dict[tuple[str, float], float]) -> tuple[str, float]:
+    """The (pooling, learning rate) of the best point of a grid over both: the highest validation accuracy; on ties
+    the lowest learning rate, then the first token (the pooling of BERT's own classifier)."""
+    if not points:
+        raise ValueError("no grid point to choose from")
+    return max(points, key=lambda point: (points[point], -point[1], point[0] == "first"))
+
+
+def choose_grid_point(runs_dir: str | Path, group: str, learning_rates: list[str], poolings: list[str]) -> str:
     """The grid point of ``group`` (e.g. ``grid-attribution-128-orchid-pretrained``) chosen on the validation
-    chapters among ``learning_rates`` (as written in the run names, ``GROUP-lrLR-s0``), by :func:`best_grid_point`;
-    a ``ValueError`` naming the points that have not finished."""
+    chapters among ``poolings`` and ``learning_rates`` (as written in the run names, ``GROUP-POOLING-lrLR-s0``), by
+    :func:`best_pooled_point`, as ``"POOLING LR"``; a ``ValueError`` naming the points that have not finished."""
     runs_dir = Path(runs_dir)
-    folders = {lr: runs_dir / f"{group}-lr{lr}-s0" for lr in learning_rates}
+    folders = {(pooling, lr): runs_dir / f"{group}-{pooling}-lr{lr}-s0"
+               for pooling in poolings for lr in learning_rates}  # fmt: skip
     missing = [str(folder) for folder in folders.values() if not (folder / "results.json").is_file()]
-    if not learning_rates or missing:
-        raise ValueError(f"grid {group}: no finished run (results.json) in {missing or 'no learning rate given'}")
-    points = [(float(lr), _read(folder / "results.json")["metrics"]["validation"]["accuracy"])
-              for lr, folder in folders.items()]  # fmt: skip
-    chosen = best_grid_point(points)
-    return next(lr for lr in learning_rates if float(lr) == chosen)
+    if not folders or missing:
+        raise ValueError(f"grid {group}: no finished run (results.json) in {missing or 'no grid point given'}")
+    points = {}
+    for (pooling, lr), folder in folders.items():
+        results = _read(folder / "results.json")
+        run_pooling(folder, results, pooling)
+        points[(pooling, float(lr))] = results["metrics"]["validation"]["accuracy"]
+    pooling, chosen = best_pooled_point(points)
+    return f"{pooling} {next(lr for lr in learning_rates if float(lr) == chosen)}"
 
 
 def image_record(folder: Path, match: re.Match) -> dict:
@@ -561,24 +585,34 @@ def attribution_table(records: list[dict], task: str = "attribution") -> str:
 
 
 def grid_choices(records: list[dict]) -> dict[tuple, dict]:
-    """Per (task, length, init, arch): the grid points (``points``: learning rate -> validation accuracy), the
-    learning rate chosen on them (``chosen``, :func:`best_grid_point`), and the runs at the chosen point scored on
-    the test chapters (``runs``). A ``ValueError`` if those runs were trained at another learning rate."""
+    """Per (task, length, init, arch): the grid points (``points``: (pooling, learning rate) -> validation accuracy),
+    the point chosen on them (``chosen``: (pooling, learning rate), :func:`best_pooled_point`), and the runs at the
+    chosen point scored on the test chapters (``runs``). A ``ValueError`` if those runs were trained at another
+    point."""
     choices = {}
     groups = _group([r for r in records if not r["chosen"]], "task", "length", "init", "arch")
     for key, group in groups.items():
-        points = {r["learning_rate"]: r["accuracy"] for r in group}
-        chosen = best_grid_point(list(points.items()))
+        points = {(r["hyperparameters"]["pooling"], r["learning_rate"]): r["accuracy"] for r in group}
+        chosen = best_pooled_point(points)
         runs = [r for r in records if r["chosen"] and (r["task"], r["length"], r["init"], r["arch"]) == key]
-        other = sorted({r["learning_rate"] for r in runs} - {chosen})
+        other = sorted({(r["hyperparameters"]["pooling"], r["learning_rate"]) for r in runs} - {chosen})
         if other:
             raise ValueError(
-                f"grid {'-'.join(map(str, key))}: the runs at the chosen point used learning rate {other}, but the "
-                f"grid's best on the validation chapters is {chosen:g}"
+                f"grid {'-'.join(map(str, key))}: the runs at the chosen point used (pooling, learning rate) {other}, "
+                f"but the grid's best on the validation chapters is {chosen}"
             )
         choices[key] = {"points": points, "chosen": chosen, "runs": sorted(runs, key=lambda r: r["seed"]),
                         "epochs": group[0]["hyperparameters"].get("epochs")}  # fmt: skip
     return choices
+
+
+def point_text(choice: dict) -> str:
+    """A grid's chosen point in words, ``mean, lr 0.001``, and ``(the grid's highest)`` or ``(the grid's lowest)``
+    where its learning rate is at an end of the rates run with its pooling."""
+    pooling, lr = choice["chosen"]
+    rates = [rate for point_pooling, rate in choice["points"] if point_pooling == pooling]
+    edge = " (the grid's highest)" if lr == max(rates) else " (the grid's lowest)" if lr == min(rates) else ""
+    return f"{pooling}, lr {lr:g}{edge}"
 
 
 def floor_note(floors: list[dict]) -> str:
@@ -618,27 +652,32 @@ def probe_note(probes: list[dict]) -> str:
 
 
 def grid_table(records: list[dict]) -> str:
-    """Validation accuracy of every grid point (seed 0) and test accuracy at the chosen point only. No training
-    times: the grid's runs may share a machine many at a time (scripts/real_data.sh's JOBS), which makes their times
-    no speed comparison; the attribution and pairs tables give those."""
+    """Validation accuracy of every grid point (seed 0), a row per pooling, and test accuracy at the chosen point only.
+    No training times: the grid's runs may share a machine many at a time (scripts/real_data.sh's JOBS), which makes
+    their times no speed comparison; the attribution and pairs tables give those."""
     choices = grid_choices(records)
     baseline = BASELINES["text"]
-    rates = sorted({lr for choice in choices.values() for lr in choice["points"]})
-    header = ["task", "model", "start", *(f"validation % at lr {lr:g}" for lr in rates), "chosen lr",
-              "test % at the chosen lr (mean; seeds)", f"test: − {ARCH_NAMES[baseline]}, points (95% interval)"]
+    rates = sorted({lr for choice in choices.values() for _, lr in choice["points"]})
+    header = ["task", "model", "start", "pooling", *(f"validation % at lr {lr:g}" for lr in rates), "chosen",
+              "test % at the chosen point (mean; seeds)", f"test: − {ARCH_NAMES[baseline]}, points (95% interval)"]
     rows = []
     for (task, length, init, arch), choice in choices.items():
-        cells = []
-        for lr in rates:
-            value = choice["points"].get(lr)
-            text = "–" if value is None else f"{100 * value:.1f}"
-            cells.append(f"**{text}**" if lr == choice["chosen"] else text)
         scores = [r["accuracy"] for r in choice["runs"]]
         versus = choices.get((task, length, init, baseline))
         difference = difference_cell(scores, None if arch == baseline or versus is None else
                                      [r["accuracy"] for r in versus["runs"]])
-        rows.append([task_text(task, length), ARCH_NAMES.get(arch, arch), init, *cells, f"{choice['chosen']:g}",
-                     _mean_and_runs(scores) if scores else "–", difference])
+        poolings = sorted({pooling for pooling, _ in choice["points"]}, key=lambda p: p != choice["chosen"][0])
+        for pooling in poolings:
+            cells = []
+            for lr in rates:
+                value = choice["points"].get((pooling, lr))
+                text = "–" if value is None else f"{100 * value:.1f}"
+                cells.append(f"**{text}**" if (pooling, lr) == choice["chosen"] else text)
+            if pooling == choice["chosen"][0]:
+                tested = [point_text(choice), _mean_and_runs(scores) if scores else "–", difference]
+            else:
+                tested = ["", "", ""]
+            rows.append([task_text(task, length), ARCH_NAMES.get(arch, arch), init, pooling, *cells, *tested])
     # The epochs of most tasks, then the tasks trained for other numbers of epochs.
     tasks_by_epochs = {}
     for (task, length, _, _), choice in choices.items():
@@ -648,9 +687,9 @@ def grid_table(records: list[dict]) -> str:
     others = [f"{e:g} for {', '.join(tasks)}" for e, tasks in tasks_by_epochs.items() if e != common]
     epochs = "" if common is None else f"{common:g} epochs" + (f" ({'; '.join(others)})" if others else "") + ", "
     note = (
-        f"Each grid point: {epochs}seed 0, trained on the training chapters "
-        "and scored on the validation chapters; the best point (in bold; on ties the lowest learning rate) trained "
-        "again with each seed and scored on the test chapters."
+        f"Each grid point (a pooling and a learning rate): {epochs}seed 0, trained on the training chapters and "
+        "scored on the validation chapters; the best point (in bold; on ties the lowest learning rate, then the first "
+        "token) trained again with each seed and scored on the test chapters, on the row of its pooling."
     )
     return "\n".join(table_lines(header, rows)) + "\n\n" + note + " " + interval_note(ARCH_NAMES[baseline])
 
@@ -720,14 +759,19 @@ def headline_table(records: dict[str, list[dict]]) -> str:
     floors = {(f["task"], f["length"]): f["accuracy"] for f in records["floor"]}
     for (task, length, init, arch), orchid in choices.items():
         bert = choices.get((task, length, init, "bert"))
-        if (init, arch) != ("pretrained", "orchid") or not orchid["runs"] or not (bert and bert["runs"]):
+        if arch != "orchid" or not orchid["runs"] or not (bert and bert["runs"]):
             continue
+        # Both poolings on both sides, or only the pretrained models' comparison at each recipe's pooling.
+        symmetric = all(len({pooling for pooling, _ in c["points"]}) == 2 for c in (orchid, bert))
+        if not symmetric and init != "pretrained":
+            continue
+        chosen = "pooling and lr chosen" if symmetric else "each recipe's pooling, lr chosen"
         scores = [[r["accuracy"] for r in choice["runs"]] for choice in (orchid, bert)]
         floor = f"; bag of words {100 * floors[(task, length)]:.1f}%" if (task, length) in floors else ""
         rows.append(
-            f"| {task_text(task, length)}, pretrained, lr chosen on validation chapters | "
+            f"| {task_text(task, length)}, {init}, {chosen} on validation chapters | "
             f"{100 * statistics.mean(scores[0]):.1f}% | BERT {100 * statistics.mean(scores[1]):.1f}% | "
-            f"{seeds_and_comparison(*scores, 'BERT')}; lr {orchid['chosen']:g} vs {bert['chosen']:g}{floor} |"
+            f"{seeds_and_comparison(*scores, 'BERT')}; chosen: {point_text(orchid)} vs {point_text(bert)}{floor} |"
         )
     images = _group(records["image"], "arch")
     if ("orchid",) in images and ("vit",) in images:
@@ -1124,7 +1168,8 @@ def render_report(
 
 __all__ = [
     "best_grid_point",
-    "choose_learning_rate",
+    "best_pooled_point",
+    "choose_grid_point",
     "collect_runs",
     "comparison_outcome",
     "comparison_words",
