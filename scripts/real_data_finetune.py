@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """scripts/finetune_glue.py for the grid of docs/results/real_data.md: the same recipe and flags, with --pooling
-(first or mean) setting BERT's classifier pooling as it sets Orchid's (experiments/real_data/pooling.py):
+(first or mean) setting BERT's classifier pooling as it sets Orchid's (experiments/real_data/pooling.py); without
+--pooling, BERT takes the recipe's default as Orchid does (the mean, for own data):
 
     python scripts/real_data_finetune.py --model_name_or_path outputs/real_data/pretrain-bert --pooling mean \\
         --train_file train.csv --validation_file validation.csv --output_dir out/

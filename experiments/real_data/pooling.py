@@ -6,8 +6,9 @@ poolings, :func:`register_bert_pooling` makes the Auto classes build BERT config
 (default ``"first"``, BERT's own) and BERT classifiers that read the mean of the real tokens where it says ``"mean"``
 (through the transfer diagnosis's :func:`~experiments.transfer.models.pool_the_mean`: the same dense + tanh pooler,
 fed the mean instead of the first token). ``scripts/finetune_glue.py``'s ``--pooling`` then sets BERT's pooling as it
-sets Orchid's, and the run's results record it. ``scripts/real_data_finetune.py`` is that script with the
-registration made.
+sets Orchid's, and the run's results record it; so does the recipe's default where ``--pooling`` is not given (the
+mean, for own data), which is why the grid always passes it. ``scripts/real_data_finetune.py`` is that script with
+the registration made.
 
 The model type stays ``bert``: plain transformers reads a folder saved by such a run as a classifier of its
 ``[CLS]`` token, whatever its ``classifier_pooling``; only a process that made the registration reads it as trained.
