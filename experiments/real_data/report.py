@@ -584,6 +584,11 @@ def attribution_table(records: list[dict], task: str = "attribution") -> str:
     return "\n".join(table_lines(header, rows)) + "\n\n" + interval_note(ARCH_NAMES[baseline])
 
 
+def grid_point(record: dict) -> tuple[str, float]:
+    """The grid point a kept run was trained at: (pooling, learning rate)."""
+    return record["hyperparameters"]["pooling"], record["learning_rate"]
+
+
 def grid_choices(records: list[dict]) -> dict[tuple, dict]:
     """Per (task, length, init, arch): the grid points (``points``: (pooling, learning rate) -> validation accuracy),
     the point chosen on them (``chosen``: (pooling, learning rate), :func:`best_pooled_point`), and the runs at the
@@ -592,10 +597,10 @@ def grid_choices(records: list[dict]) -> dict[tuple, dict]:
     choices = {}
     groups = _group([r for r in records if not r["chosen"]], "task", "length", "init", "arch")
     for key, group in groups.items():
-        points = {(r["hyperparameters"]["pooling"], r["learning_rate"]): r["accuracy"] for r in group}
+        points = {grid_point(r): r["accuracy"] for r in group}
         chosen = best_pooled_point(points)
         runs = [r for r in records if r["chosen"] and (r["task"], r["length"], r["init"], r["arch"]) == key]
-        other = sorted({(r["hyperparameters"]["pooling"], r["learning_rate"]) for r in runs} - {chosen})
+        other = sorted({grid_point(r) for r in runs} - {chosen})
         if other:
             raise ValueError(
                 f"grid {'-'.join(map(str, key))}: the runs at the chosen point used (pooling, learning rate) {other}, "
