@@ -32,6 +32,7 @@ from experiments.real_data.report import (
     difference_interval,
     grid_record,
     load_records,
+    pretraining_table,
     render_report,
     time_note,
     time_report,
@@ -432,6 +433,19 @@ def test_a_difference_is_given_with_its_welch_interval():
         difference_interval([0.8], [0.9, 0.91])
     with pytest.raises(ValueError, match="confidence must lie strictly between 0 and 1, got 1.5"):
         difference_interval([0.8, 0.9], [0.9, 0.91], confidence=1.5)
+
+
+def test_a_pretraining_run_of_earlier_code_is_named_in_the_table():
+    def record(arch, variant=None, learning_rate=8e-4, accuracy=0.2):
+        return {"arch": arch, "variant": variant, "learning_rate": learning_rate, "num_parameters": 10e6,
+                "num_parameters_without_embeddings": 2e6, "steps": 400, "train_seconds": 600.0,
+                "eval": {"loss": 5.0, "masked_accuracy": accuracy}}  # fmt: skip
+
+    records = [record("bert", "lr2e-4", 2e-4), record("orchid", "512-point-transforms", accuracy=0.243),
+               record("bert"), record("orchid", accuracy=0.235)]  # fmt: skip
+    models = [line.split(" | ")[0].lstrip("| ") for line in pretraining_table(records).splitlines()[2:]]
+    # The recipe's runs first; a learning-rate variant is told apart by its peak lr, earlier code by its name.
+    assert models == ["Orchid", "Orchid, 512-point transforms (earlier code)", "BERT", "BERT"]
 
 
 def test_the_time_note_says_how_the_runs_shared_the_machine():

@@ -24,8 +24,10 @@ from pathlib import Path
 from benchmarks.harness import commit_text, machine_text, provenance, replace_block, table_lines, write_json
 
 # Run folders of scripts/real_data.sh.
-# pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate).
+# pretrain-bert, or pretrain-bert-lr2e-4: a variant of a model's run (here another learning rate, which the tables'
+# peak lr says), or pretrain-orchid-512-point-transforms: the recipe's run made by earlier code (PRETRAINING_VARIANTS).
 PRETRAIN_RUN = re.compile(r"^pretrain-(?P<arch>[a-z]+)(-(?P<variant>.+))?$")
+PRETRAINING_VARIANTS = {"512-point-transforms": "512-point transforms (earlier code)"}
 # attribution-128-orchid-pretrained-s0, or attribution-128-orchid-pretrained-mean-pooling-s0: a variant (one
 # fine-tuning setting changed, VARIANT_NAMES).
 ATTRIBUTION_RUN = re.compile(
@@ -546,10 +548,18 @@ def _pretraining_order(record: dict) -> tuple:
     return (record["arch"] != "orchid", record["arch"], record.get("variant") is not None, record.get("variant") or "")
 
 
+def pretraining_name(record: dict) -> str:
+    """A pretraining run's model, with the variant where its learning rate does not say it
+    (:data:`PRETRAINING_VARIANTS`)."""
+    name = ARCH_NAMES.get(record["arch"], record["arch"])
+    variant = PRETRAINING_VARIANTS.get(record.get("variant"))
+    return f"{name}, {variant}" if variant else name
+
+
 def pretraining_table(records: list[dict]) -> str:
     header = ["model", "parameters", "without embeddings", "peak lr", "steps", "training time¹", "held-out MLM loss",
               "held-out masked-token accuracy"]
-    rows = [[ARCH_NAMES.get(r["arch"], r["arch"]), f"{r['num_parameters'] / 1e6:.2f}M",
+    rows = [[pretraining_name(r), f"{r['num_parameters'] / 1e6:.2f}M",
              f"{r['num_parameters_without_embeddings'] / 1e6:.2f}M", f"{r['learning_rate']:g}", r["steps"],
              f"{r['train_seconds'] / 60:.1f} min", f"{r['eval']['loss']:.3f}",
              f"{100 * r['eval']['masked_accuracy']:.1f}%"] for r in sorted(records, key=_pretraining_order)]
@@ -835,7 +845,7 @@ def plot_pretraining(records: list[dict], path: str | Path) -> None:
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2)
     for record in sorted(records, key=_pretraining_order):
-        label = f"{ARCH_NAMES.get(record['arch'], record['arch'])}, lr {record['learning_rate']:g}"
+        label = f"{pretraining_name(record)}, lr {record['learning_rate']:g}"
         steps = [p["step"] for p in record["curve"]]
         minutes = [p["train_seconds"] / 60 for p in record["curve"]]
         for row, metric in enumerate(("loss", "masked_accuracy")):
