@@ -144,12 +144,13 @@ attribution_args() { fixed_args "attribution-$1"; }
 # scored on the validation chapters; the best point (on ties the lowest learning rate, then the first token) is
 # trained again with every seed of GRID_SEEDS and scored on the test chapters.
 # GRID_TASKS, GRID_ARCHS and GRID_INITS narrow the grid to some tasks, architectures or initialisations (to share it
-# between machines, say: the runs from scratch need no pretrained model).
+# between machines, say: the runs from scratch need no pretrained model); GRID_LEARNING_RATES extends it where a
+# model's best point is at an end of the default rates.
 GRID_TASKS=${GRID_TASKS:-"attribution-128 attribution-512 pairs-128 attribution-2048"}
 GRID_ARCHS=${GRID_ARCHS:-"orchid bert"}
 GRID_INITS=${GRID_INITS:-"pretrained scratch"}
 GRID_POOLINGS="first mean"
-GRID_LEARNING_RATES="1e-4 3e-4 1e-3 3e-3 1e-2"
+GRID_LEARNING_RATES=${GRID_LEARNING_RATES:-"1e-4 3e-4 1e-3 3e-3 1e-2"}
 GRID_SEEDS="0 1 2"
 
 # The epochs of a grid run on TASK: 3, and 1 for passages longer than TEXT_POSITIONS (attribution-2048), where

@@ -724,6 +724,13 @@ def test_the_job_lists_name_runs_as_the_report_reads_them(tmp_path):
     scratch = jobs("grid", GRID_INITS="scratch", GRID_TASKS="pairs-128")
     assert scratch == [line for line in grid if "-pairs-128-" in line and "-scratch-" in line]
     assert len(scratch) == 26 and not any("pretrain-" in line for line in scratch)
+    # GRID_LEARNING_RATES extends it past the default rates, for the points and for the seeds' choice alike.
+    extended = jobs("grid", GRID_ARCHS="orchid", GRID_INITS="scratch", GRID_TASKS="attribution-2048",
+                    GRID_LEARNING_RATES="3e-5 1e-4")  # fmt: skip
+    assert [GRID_RUN.match(run_name(line)).group("pooling", "lr") for line in extended[:4]] == [
+        ("first", "3e-5"), ("first", "1e-4"), ("mean", "3e-5"), ("mean", "1e-4")]
+    assert "--learning_rate 3e-5 " in extended[0] and len(extended) == 7
+    assert all("--grid_learning_rates 3e-5 1e-4) && " in line for line in extended[4:])
 
     for stage, pattern, count in (("attribution", ATTRIBUTION_RUN, 16), ("pairs", PAIRS_RUN, 8)):
         lines = jobs(stage)
