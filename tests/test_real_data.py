@@ -631,6 +631,19 @@ def test_bert_pools_the_mean_of_its_real_tokens_as_orchid_does():
         PoolingBertForSequenceClassification(PoolingBertConfig(classifier_pooling="max", **sizes))
 
 
+def test_a_grid_record_keeps_the_last_logged_training_loss(tmp_path):
+    """The loss of the last logging step, not Trainer's closing average over the whole run (``train_loss``); None for
+    a run that logged no loss."""
+    run = tmp_path / "grid-pairs-128-bert-scratch-mean-lr1e-4-s0"
+    fake_finetune_run(run, 0.5, 1e-4)
+    history = [{"loss": 0.9, "step": 10, "train_seconds": 5.0}, {"loss": 0.69, "step": 20, "train_seconds": 10.0},
+               {"train_loss": 0.8, "step": 20, "train_seconds": 10.0}]  # fmt: skip
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    assert grid_record(run, GRID_RUN.match(run.name))["final_train_loss"] == 0.69
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": history[2:]}))
+    assert grid_record(run, GRID_RUN.match(run.name))["final_train_loss"] is None
+
+
 def test_the_grid_script_fine_tunes_bert_with_mean_pooling(tmp_path):
     """scripts/real_data_finetune.py, as the grid runs it: --pooling mean for a new BERT model trains a classifier that
     pools the mean, and its results and saved config say so (model type still bert)."""

@@ -92,6 +92,13 @@ def training_seconds(folder: Path) -> float:
     return max(entry["train_seconds"] for entry in history if "train_seconds" in entry)
 
 
+def final_training_loss(folder: Path) -> float | None:
+    """The training loss of a Trainer run's last logging step (the mean over its last ``logging_steps``), None where
+    the run logged none: whether a model fitted its training set at all, which its validation score does not say."""
+    losses = [entry["loss"] for entry in _read(folder / "trainer_state.json")["log_history"] if "loss" in entry]
+    return losses[-1] if losses else None
+
+
 def peak_learning_rate(folder: Path) -> float:
     """The run's --learning_rate, from the ``training_args.bin`` that Trainer saves with the model, which no JSON file
     of the run holds. That file is a pickle (in torch.save's zip archive), and loading a pickle can run any code, so it
@@ -209,6 +216,7 @@ def grid_record(folder: Path, match: re.Match) -> dict:
         "accuracy": results["metrics"]["validation"]["accuracy"],
         "initialized_from": results["initialized_from"],
         "train_seconds": training_seconds(folder),
+        "final_train_loss": final_training_loss(folder),
         "epochs": results["epochs_done"],
         "hyperparameters": results["hyperparameters"],
     }
