@@ -218,9 +218,10 @@ def _lscpu() -> dict[str, str]:
 def machine_description(threads: int | None = None, device: str | torch.device = "cpu") -> dict:
     """The machine a result is measured on: ``device`` (``cpu``, or the GPU's name), ``processor`` (lscpu's model
     name where it has one), ``cpu_count``, ``platform``, ``python``, ``torch`` (its version), ``torch_threads``
-    (``threads``, default torch's present count), ``memory_total_gib``, lscpu's cache and thread counts and its AVX /
-    FMA flags, the ``versions`` of the packages that matter (:data:`PACKAGES`), the allocator and threading variables
-    of the ``environment``; on a GPU also ``cuda`` and ``gpu`` (name, memory, compute capability, cuDNN)."""
+    (``threads``, default torch's present count), ``cpu_capability`` (the instruction set of ATen's vectorised CPU
+    kernels), ``memory_total_gib``, lscpu's cache and thread counts and its AVX / FMA flags, the ``versions`` of the
+    packages that matter (:data:`PACKAGES`), the allocator, threading and kernel-choice variables of the
+    ``environment``; on a GPU also ``cuda`` and ``gpu`` (name, memory, compute capability, cuDNN)."""
     device = torch.device(device)
     lscpu = _lscpu()
     info = {
@@ -231,6 +232,7 @@ def machine_description(threads: int | None = None, device: str | torch.device =
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads() if threads is None else threads,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     for key in LSCPU_FIELDS:
         if key in lscpu:
@@ -243,9 +245,10 @@ def machine_description(threads: int | None = None, device: str | torch.device =
     except (ValueError, OSError, AttributeError):
         pass
     info["versions"] = package_versions()
-    # Allocator and threading settings change CPU timings (page faults of fresh allocations): recorded with them.
-    info["environment"] = {k: v for k, v in os.environ.items()
-                           if k.startswith(("MALLOC_", "GLIBC_TUNABLES", "OMP_", "MKL_", "THP_", "LD_PRELOAD"))}
+    # Allocator and threading settings change CPU timings (page faults of fresh allocations), and ATen's kernel choice
+    # changes rounding: recorded with them.
+    prefixes = ("MALLOC_", "GLIBC_TUNABLES", "OMP_", "MKL_", "THP_", "LD_PRELOAD", "ATEN_")
+    info["environment"] = {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)
         info["cuda"] = torch.version.cuda

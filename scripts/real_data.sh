@@ -42,6 +42,10 @@ THREADS=${THREADS:-1}
 PY=${PY:-.venv/bin/python}
 NICE=${NICE:-0}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# ATen's vectorised CPU kernels round differently with AVX-512 than with AVX2 (softmax, for one), so one run drifts
+# apart between hosts; pinned to AVX2, which every x86-64 host these runs use has, a run repeats on each of them and a
+# model pretrained again on a new host is the same model.
+export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 mkdir -p "$OUT"
 
 # The two text models: the same width, depth and MLP size; positions up to TEXT_POSITIONS so that one pretrained

@@ -62,6 +62,7 @@ def test_provenance_records_the_commit_its_changes_and_the_machine(tmp_path):
     machine = made["machine"]
     assert machine["device"] == "cpu" and machine["torch_threads"] == 1 and machine["torch"] == torch.__version__
     assert machine["versions"]["torch"] is not None and machine["cpu_count"] >= 1
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     json.dumps(made)  # every value is JSON
     given = harness.provenance(commit="0123456789abcdef")
     assert (given["commit"], given["uncommitted_changes"]) == ("0123456789abcdef", None)
