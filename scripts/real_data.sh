@@ -42,9 +42,10 @@ THREADS=${THREADS:-1}
 PY=${PY:-.venv/bin/python}
 NICE=${NICE:-0}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# ATen's vectorised CPU kernels round differently with AVX-512 than with AVX2 (softmax, for one), so one run drifts
-# apart between hosts; pinned to AVX2, which every x86-64 host these runs use has, a run repeats on each of them and a
-# model pretrained again on a new host is the same model.
+# ATen picks its vectorised CPU kernels by the host's vector width, and its AVX-512 kernels round differently from
+# its AVX2 ones (softmax, for one): pinned to AVX2, which every x86-64 host these runs use has, all of them compute
+# with one kernel set. Other libraries' paths (MKL's) may still differ between processors, so a model pretrained
+# again on another host equals the first to rounding, not bit for bit.
 export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2}
 mkdir -p "$OUT"
 
